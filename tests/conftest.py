@@ -1,0 +1,101 @@
+"""Shared test fixtures: free loopback ports and real uvicorn servers on 127.0.0.1.
+
+Every server a test starts binds 127.0.0.1 on a port the kernel hands out, so suites can run
+side by side; every server is stopped by the fixture that started it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float = 15.0, host: str = "127.0.0.1") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
+
+
+class ThreadedServer:
+    """A real uvicorn server for an ASGI app, run on its own event loop in a thread."""
+
+    def __init__(self, app: Any, port: int | None = None, **config: Any) -> None:
+        self.port = port or free_port()
+        cfg = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                             lifespan="on", **config)
+        self.server = uvicorn.Server(cfg)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.run(self.server.serve())
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ThreadedServer:
+        self.thread.start()
+        deadline = time.monotonic() + 15
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+    def __enter__(self) -> ThreadedServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()
+
+
+def require_binary(name: str) -> str:
+    """Path of a binary the test needs; in CI a missing binary is a failure, not a skip."""
+    path = shutil.which(name) or (f"/usr/sbin/{name}" if os.path.exists(f"/usr/sbin/{name}") else None)
+    if path:
+        return path
+    if os.environ.get("CI"):
+        pytest.fail(f"{name} is required in CI but is not installed (.ci/run must install it)")
+    pytest.skip(f"{name} not installed")
+
+
+@pytest.fixture
+def threaded_server() -> Iterator[Any]:
+    started: list[ThreadedServer] = []
+
+    def start(app: Any, **config: Any) -> ThreadedServer:
+        srv = ThreadedServer(app, **config).start()
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in reversed(started):
+        srv.stop()
