@@ -1,0 +1,130 @@
+"""Every error the router can answer with, and the one place transport exceptions are translated.
+
+Tree:
+
+    RouterError                      -> an HTTP answer in OpenAI error format
+      InvalidRequest        400      invalid JSON / shape / content type
+      Unauthorized          401      missing or wrong bearer key
+      NotFound              404      path outside /v1/* and the router's own routes
+      PayloadTooLarge       413      body over proxy.max_body_bytes
+      TooManyRequests       429      proxy.max_in_flight reached (Retry-After)
+      NoReplicaAvailable    503      nothing healthy to send to (Retry-After)
+      UpstreamError         502      a replica failed; `reason` is the metric label
+        UpstreamConnectError         could not connect / connection reset before a response
+        UpstreamTimeout     504      first byte or idle timeout
+
+`translate_upstream()` maps aiohttp/asyncio/OS exceptions to the `UpstreamError` family
+(`raise ... from exc`), so the proxy reasons only about our types. `error_body()` is the JSON
+body; `sse_error_event()` is the in-band form used once a stream has started and a status code
+can no longer be sent. Bodies are built with json.dumps only (messages never contain prompt text).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+
+import aiohttp
+
+
+class RouterError(Exception):
+    status = 500
+    type = "server_error"
+    code = "internal_error"
+
+    def __init__(self, message: str, *, code: str | None = None,
+                 retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.retry_after = retry_after
+
+    def payload(self) -> dict[str, object]:
+        return {"error": {"message": self.message, "type": self.type, "param": None,
+                          "code": self.code}}
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        out = [(b"content-type", b"application/json")]
+        if self.retry_after is not None:
+            out.append((b"retry-after", str(self.retry_after).encode()))
+        return out
+
+
+class InvalidRequest(RouterError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class Unauthorized(RouterError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class NotFound(RouterError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class PayloadTooLarge(RouterError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class TooManyRequests(RouterError):
+    status = 429
+    type = "rate_limit_error"
+    code = "router_overloaded"
+
+
+class NoReplicaAvailable(RouterError):
+    status = 503
+    type = "server_error"
+    code = "no_replica_available"
+
+
+class UpstreamError(RouterError):
+    status = 502
+    type = "server_error"
+    code = "upstream_error"
+    reason = "protocol"
+
+
+class UpstreamConnectError(UpstreamError):
+    code = "upstream_unreachable"
+    reason = "connect"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    code = "upstream_timeout"
+    reason = "timeout"
+
+
+def error_body(err: RouterError) -> bytes:
+    return json.dumps(err.payload()).encode()
+
+
+def sse_error_event(err: RouterError) -> bytes:
+    return b"data: " + error_body(err) + b"\n\n"
+
+
+@contextlib.contextmanager
+def translate_upstream(replica: str, phase: str) -> Iterator[None]:
+    """Re-raise transport failures talking to `replica` as UpstreamError (phase: for the message)."""
+    try:
+        yield
+    except UpstreamError:
+        raise
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        raise UpstreamTimeout(f"replica {replica} timed out ({phase})") from exc
+    except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
+            ConnectionResetError, ConnectionRefusedError) as exc:
+        raise UpstreamConnectError(f"replica {replica} unreachable ({phase})") from exc
+    except (aiohttp.ClientError, OSError) as exc:
+        raise UpstreamError(f"replica {replica} failed ({phase}: {type(exc).__name__})") from exc

@@ -1,0 +1,210 @@
+"""Every router metric, declared once, on a per-app CollectorRegistry (no global state).
+
+Names and labels are the public interface in docs/architecture.md. Label values are bounded:
+`replica` comes from membership, `branch` from the Branch enum, `status` is the HTTP status code,
+`reason`/`state` are fixed vocabularies; routing keys and user ids never become labels. Hot-path
+label children are cached in dicts so a proxied request costs a few dict lookups, not a
+`labels()` call per metric.
+
+`distinct_keys_per_minute` is a HyperLogLog estimate (2^10 registers, ~3% standard error) over a
+sliding minute made of six 10-second sub-windows: `observe_key` is O(1); the estimate merges the
+live sub-windows (O(6 * 1024)) and is recomputed at most once a second. A sudden rise means a
+prompt template started injecting a volatile value (timestamp, request id) before the cacheable
+prefix ends.
+
+Multiple uvicorn workers: when PROMETHEUS_MULTIPROC_DIR is set (the CLI sets it for --workers > 1)
+prometheus_client keeps values in per-process files and `render()` merges them: counters and
+histograms sum; `in_flight` and `distinct_keys_per_minute` are summed over live workers (the key
+estimate then over-counts keys seen by several workers); `replica_healthy` and `replicas` take
+the max over workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Mapping
+
+import xxhash
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.multiprocess import MultiProcessCollector
+
+TTFB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+REPLICA_STATES = ("healthy", "unhealthy", "draining")
+
+
+class DistinctKeys:
+    """Sliding-minute HyperLogLog cardinality estimate of routing keys."""
+
+    P = 10
+    M = 1 << P
+    WINDOWS = 6
+    WINDOW_SECONDS = 10.0
+
+    def __init__(self) -> None:
+        self._now = time.monotonic
+        self._slots: list[bytearray] = [bytearray(self.M) for _ in range(self.WINDOWS)]
+        self._slot_epoch: list[int] = [-1] * self.WINDOWS
+
+    def _slot(self, now: float) -> bytearray:
+        epoch = int(now // self.WINDOW_SECONDS)
+        i = epoch % self.WINDOWS
+        if self._slot_epoch[i] != epoch:
+            self._slots[i] = bytearray(self.M)
+            self._slot_epoch[i] = epoch
+        return self._slots[i]
+
+    def add(self, key: str, now: float | None = None) -> None:
+        h = xxhash.xxh64_intdigest(key.encode())
+        idx = h >> (64 - self.P)
+        rest = h & ((1 << (64 - self.P)) - 1)
+        rank = (64 - self.P) - rest.bit_length() + 1
+        regs = self._slot(self._now() if now is None else now)
+        if regs[idx] < rank:
+            regs[idx] = rank
+
+    def estimate(self, now: float | None = None) -> float:
+        epoch = int((self._now() if now is None else now) // self.WINDOW_SECONDS)
+        live = [s for s, e in zip(self._slots, self._slot_epoch, strict=True)
+                if e >= 0 and epoch - e < self.WINDOWS]
+        if not live:
+            return 0.0
+        merged = [max(col) for col in zip(*live, strict=True)] if len(live) > 1 else list(live[0])
+        m = self.M
+        alpha = 0.7213 / (1 + 1.079 / m)
+        raw = alpha * m * m / sum(2.0 ** -r for r in merged)
+        zeros = merged.count(0)
+        if raw <= 2.5 * m and zeros:
+            return m * math.log(m / zeros)
+        return raw
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        p = "prefix_router_"
+        self.requests = Counter(p + "requests_total", "Proxied requests by replica, routing "
+                                "branch and final status code", ["replica", "branch", "status"],
+                                registry=r)
+        self.in_flight = Gauge(p + "in_flight", "Requests this router has open on a replica",
+                               ["replica"], registry=r, multiprocess_mode="livesum")
+        self.ttfb = Histogram(p + "time_to_first_byte_seconds", "Dispatch to first response "
+                              "byte from the replica", ["replica"], buckets=TTFB_BUCKETS,
+                              registry=r)
+        self.duration = Histogram(p + "request_duration_seconds", "Dispatch to end of the "
+                                  "relayed response", ["replica"], buckets=DURATION_BUCKETS,
+                                  registry=r)
+        self.retries = Counter(p + "retries_total", "Attempts moved to the next candidate before "
+                               "the first byte, by the replica that failed", ["replica", "reason"],
+                               registry=r)
+        self.ejections = Counter(p + "ejections_total", "Replicas taken out of rotation",
+                                 ["replica", "reason"], registry=r)
+        self.healthy = Gauge(p + "replica_healthy", "1 if the replica receives new requests",
+                             ["replica"], registry=r, multiprocess_mode="max")
+        self.spills = Counter(p + "spills_total", "Requests sent past their home replica because "
+                              "it was over the bounded-load cap, by receiving replica",
+                              ["replica"], registry=r)
+        self.distinct = Gauge(p + "distinct_keys_per_minute", "Estimated distinct routing keys "
+                              "over the last minute (HyperLogLog)", registry=r,
+                              multiprocess_mode="livesum")
+        self.rejected = Counter(p + "rejected_total", "Requests answered by the router itself",
+                                ["reason"], registry=r)
+        self.replicas = Gauge(p + "replicas", "Replicas in membership by state", ["state"],
+                              registry=r, multiprocess_mode="max")
+        self._keys = DistinctKeys()
+        self._keys_refreshed = 0.0
+        self._known: set[str] = set()
+        self._req: dict[tuple[str, str, int], Counter] = {}
+        self._inflight: dict[str, Gauge] = {}
+        self._ttfb: dict[str, Histogram] = {}
+        self._dur: dict[str, Histogram] = {}
+
+    # hot path -------------------------------------------------------------------------------
+
+    def dispatched(self, replica: str) -> None:
+        g = self._inflight.get(replica)
+        if g is None:
+            g = self._inflight[replica] = self.in_flight.labels(replica)
+        g.inc()
+
+    def finished(self, replica: str, branch: str, status: int, ttfb: float | None,
+                 duration: float) -> None:
+        self._inflight[replica].dec()
+        key = (replica, branch, status)
+        c = self._req.get(key)
+        if c is None:
+            c = self._req[key] = self.requests.labels(replica, branch, str(status))
+        c.inc()
+        if ttfb is not None:
+            h = self._ttfb.get(replica)
+            if h is None:
+                h = self._ttfb[replica] = self.ttfb.labels(replica)
+            h.observe(ttfb)
+        d = self._dur.get(replica)
+        if d is None:
+            d = self._dur[replica] = self.duration.labels(replica)
+        d.observe(duration)
+
+    def observe_key(self, key: str) -> None:
+        self._keys.add(key)
+        now = time.monotonic()
+        if now - self._keys_refreshed >= 1.0:
+            self._keys_refreshed = now
+            self.distinct.set(self._keys.estimate(now))
+
+    # rare events -----------------------------------------------------------------------------
+
+    def retry(self, replica: str, reason: str) -> None:
+        self.retries.labels(replica, reason).inc()
+
+    def ejection(self, replica: str, reason: str) -> None:
+        self.ejections.labels(replica, reason).inc()
+
+    def spill(self, replica: str) -> None:
+        self.spills.labels(replica).inc()
+
+    def reject(self, reason: str) -> None:
+        self.rejected.labels(reason).inc()
+
+    def set_membership(self, health: Mapping[str, tuple[bool, bool]]) -> None:
+        """health: name -> (healthy, draining); drops label sets of departed replicas."""
+        counts = dict.fromkeys(REPLICA_STATES, 0)
+        self._known.update(health)
+        for name, (healthy, draining) in health.items():
+            self.healthy.labels(name).set(1 if healthy and not draining else 0)
+            counts["draining" if draining else "healthy" if healthy else "unhealthy"] += 1
+        for state, n in counts.items():
+            self.replicas.labels(state).set(n)
+        for name in [n for n in self._known if n not in health]:
+            g = self._inflight.get(name)
+            # keep a departed replica's series while requests on it are still open
+            if g is None or g._value.get() == 0:
+                self._known.discard(name)
+                self._inflight.pop(name, None)
+                self._req = {k: v for k, v in self._req.items() if k[0] != name}
+                self._ttfb.pop(name, None)
+                self._dur.pop(name, None)
+                for family in (self.in_flight, self.healthy):
+                    with contextlib.suppress(KeyError):
+                        family.remove(name)
+
+    def render(self) -> tuple[bytes, str]:
+        now = time.monotonic()
+        self._keys_refreshed = now
+        self.distinct.set(self._keys.estimate(now))
+        if self.multiprocess_dir:
+            merged = CollectorRegistry()
+            MultiProcessCollector(merged, path=self.multiprocess_dir)
+            return generate_latest(merged), CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,477 @@
+"""Router settings: the `router.yaml` schema, parsed and validated once at start-up.
+
+Every setting lives here exactly once, as a field of a frozen dataclass with its default; the CLI
+only overrides fields (`Settings.with_overrides`) and the app only reads them. Parsing walks the
+input mapping section by section with a `_Reader` that consumes keys as it validates them; any key
+left over afterwards is unknown and rejected. Every error is a `SettingsError` whose message starts
+with the dotted key and quotes the bad value, e.g.
+`routing.load_factor: expected a number > 1, got 'abc'`.
+
+`Settings.to_dict()` / `Settings.from_dict()` round-trip exactly (sizes are stored as int bytes),
+which is how settings reach uvicorn worker processes (`SETTINGS_ENV` holds the JSON).
+Cost: linear in the size of the document; done once per process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+SETTINGS_ENV = "PREFIX_ROUTER_SETTINGS_JSON"
+
+POLICIES = ("prefix", "round_robin", "least_loaded")
+RINGS = ("xxhash", "nginx")
+DISCOVERY_TYPES = ("static", "dns", "kubernetes")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+SCHEMES = ("http", "https")
+
+_SIZE = re.compile(r"^\s*(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2,
+               "gb": 1000**3, "gib": 1024**3}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+
+class SettingsError(ValueError):
+    """A configuration problem; the message names the dotted key and the bad value."""
+
+
+def parse_size(value: object) -> int:
+    """Bytes from an int or a string like `16MiB`; ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(value)
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(value)
+        return value
+    if isinstance(value, str):
+        m = _SIZE.match(value)
+        if m:
+            return int(m.group(1)) * _SIZE_UNITS[(m.group(2) or "b").lower()]
+    raise ValueError(value)
+
+
+class _Reader:
+    """Consumes and validates the keys of one mapping; `done()` rejects whatever is left."""
+
+    def __init__(self, data: object, path: str) -> None:
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise SettingsError(f"{path or '<root>'}: expected a mapping, got {data!r}")
+        self._data = dict(data)
+        self._path = path
+
+    def key(self, name: str) -> str:
+        return f"{self._path}.{name}" if self._path else name
+
+    def _fail(self, name: str, expected: str, value: object) -> SettingsError:
+        return SettingsError(f"{self.key(name)}: expected {expected}, got {value!r}")
+
+    def raw(self, name: str, default: Any) -> Any:
+        return self._data.pop(name, default)
+
+    def sub(self, name: str) -> _Reader:
+        return _Reader(self._data.pop(name, None), self.key(name))
+
+    def check(self, name: str, default: Any, expected: str, ok: Callable[[Any], bool],
+              convert: Callable[[Any], Any] | None = None) -> Any:
+        value = self._data.pop(name, default)
+        try:
+            good = ok(value)
+        except (TypeError, ValueError):
+            good = False
+        if not good:
+            raise self._fail(name, expected, value)
+        return convert(value) if convert else value
+
+    def string(self, name: str, default: str) -> str:
+        return self.check(name, default, "a non-empty string",
+                          lambda v: isinstance(v, str) and v != "")
+
+    def opt_string(self, name: str) -> str | None:
+        return self.check(name, None, "a non-empty string or null",
+                          lambda v: v is None or (isinstance(v, str) and v != ""))
+
+    def choice(self, name: str, default: str, options: Sequence[str]) -> str:
+        return self.check(name, default, "one of " + " | ".join(options),
+                          lambda v: isinstance(v, str) and v in options)
+
+    def integer(self, name: str, default: int, lo: int, hi: int | None = None) -> int:
+        desc = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+        return self.check(name, default, desc, lambda v: isinstance(v, int)
+                          and not isinstance(v, bool) and v >= lo and (hi is None or v <= hi))
+
+    def opt_port(self, name: str) -> int | None:
+        return self.check(name, None, "a port in [1, 65535] or null",
+                          lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)
+                                                  and 1 <= v <= 65535))
+
+    def number(self, name: str, default: float, gt: float | None = None,
+               ge: float | None = None) -> float:
+        desc = f"a number > {gt:g}" if gt is not None else f"a number >= {ge:g}"
+        return self.check(
+            name, default, desc,
+            lambda v: isinstance(v, int | float) and not isinstance(v, bool)
+            and (gt is None or v > gt) and (ge is None or v >= ge),
+            float)
+
+    def boolean(self, name: str, default: bool) -> bool:
+        return self.check(name, default, "true or false", lambda v: isinstance(v, bool))
+
+    def size(self, name: str, default: int) -> int:
+        return self.check(name, default, "a size in bytes (int or e.g. '16MiB')",
+                          lambda v: parse_size(v) > 0, parse_size)
+
+    def done(self) -> None:
+        if self._data:
+            name = sorted(map(str, self._data))[0]
+            raise SettingsError(f"{self.key(name)}: unknown key (value {self._data[name]!r})")
+
+
+def _url_ok(v: object) -> bool:
+    if not isinstance(v, str):
+        return False
+    parts = urlsplit(v)
+    _ = parts.port  # raises ValueError on a malformed port
+    return parts.scheme in SCHEMES and bool(parts.hostname) and parts.path in ("", "/") \
+        and not parts.query and not parts.fragment
+
+
+def _url(r: _Reader, name: str) -> str:
+    return r.check(name, None, "an http(s) URL like 'http://host:port'", _url_ok,
+                   lambda v: str(v).rstrip("/"))
+
+
+@dataclass(frozen=True)
+class Listen:
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    @classmethod
+    def parse(cls, r: _Reader) -> Listen:
+        return cls(host=r.string("host", cls.host), port=r.integer("port", cls.port, 1, 65535))
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    name: str
+    url: str
+    weight: int = 1
+
+    @classmethod
+    def parse(cls, r: _Reader) -> ReplicaSpec:
+        name: str = r.check("name", None, "a replica name ([A-Za-z0-9_.:-], <= 63 chars)",
+                       lambda v: isinstance(v, str) and bool(_NAME.match(v)))
+        return cls(name=name, url=_url(r, "url"), weight=r.integer("weight", 1, 1, 1000))
+
+
+@dataclass(frozen=True)
+class DnsDiscovery:
+    name: str | None = None
+    port: int = 8000
+    scheme: str = "http"
+    interval: float = 5.0
+
+    @classmethod
+    def parse(cls, r: _Reader) -> DnsDiscovery:
+        return cls(name=r.opt_string("name"), port=r.integer("port", cls.port, 1, 65535),
+                   scheme=r.choice("scheme", cls.scheme, SCHEMES),
+                   interval=r.number("interval", cls.interval, gt=0))
+
+
+@dataclass(frozen=True)
+class KubernetesDiscovery:
+    namespace: str = "default"
+    service: str = "vllm"
+    port_name: str = "http"
+    scheme: str = "http"
+    kubeconfig: str | None = None
+
+    @classmethod
+    def parse(cls, r: _Reader) -> KubernetesDiscovery:
+        return cls(namespace=r.string("namespace", cls.namespace),
+                   service=r.string("service", cls.service),
+                   port_name=r.string("port_name", cls.port_name),
+                   scheme=r.choice("scheme", cls.scheme, SCHEMES),
+                   kubeconfig=r.opt_string("kubeconfig"))
+
+
+@dataclass(frozen=True)
+class DiscoverySettings:
+    type: str = "static"
+    dns: DnsDiscovery = field(default_factory=DnsDiscovery)
+    kubernetes: KubernetesDiscovery = field(default_factory=KubernetesDiscovery)
+
+    @classmethod
+    def parse(cls, r: _Reader) -> DiscoverySettings:
+        kind = r.choice("type", "static", DISCOVERY_TYPES)
+        dns_r = r.sub("dns")
+        dns = DnsDiscovery.parse(dns_r)
+        dns_r.done()
+        k8s_r = r.sub("kubernetes")
+        k8s = KubernetesDiscovery.parse(k8s_r)
+        k8s_r.done()
+        if kind == "dns" and dns.name is None:
+            raise SettingsError(f"{dns_r.key('name')}: required when discovery.type is dns, got None")
+        return cls(type=kind, dns=dns, kubernetes=k8s)
+
+
+@dataclass(frozen=True)
+class RoutingSettings:
+    policy: str = "prefix"
+    ring: str = "xxhash"
+    virtual_nodes: int = 160
+    load_factor: float = 1.25
+    min_prefix_chars: int = 64
+    max_prefix_chars: int = 65536
+    key_header: str = "X-Prefix-Hash"
+    session_header: str = "X-Session-ID"
+
+    @classmethod
+    def parse(cls, r: _Reader) -> RoutingSettings:
+        s = cls(policy=r.choice("policy", cls.policy, POLICIES),
+                ring=r.choice("ring", cls.ring, RINGS),
+                virtual_nodes=r.integer("virtual_nodes", cls.virtual_nodes, 1, 10000),
+                load_factor=r.number("load_factor", cls.load_factor, gt=1),
+                min_prefix_chars=r.integer("min_prefix_chars", cls.min_prefix_chars, 0),
+                max_prefix_chars=r.integer("max_prefix_chars", cls.max_prefix_chars, 1),
+                key_header=r.string("key_header", cls.key_header),
+                session_header=r.string("session_header", cls.session_header))
+        if s.max_prefix_chars < s.min_prefix_chars:
+            raise SettingsError(f"{r.key('max_prefix_chars')}: expected an integer >= "
+                                f"min_prefix_chars ({s.min_prefix_chars}), got {s.max_prefix_chars!r}")
+        return s
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    interval: float = 2.0
+    timeout: float = 1.0
+    eject_after: int = 3
+    readmit_backoff: float = 1.0
+    readmit_backoff_max: float = 30.0
+
+    @classmethod
+    def parse(cls, r: _Reader) -> HealthSettings:
+        s = cls(interval=r.number("interval", cls.interval, gt=0),
+                timeout=r.number("timeout", cls.timeout, gt=0),
+                eject_after=r.integer("eject_after", cls.eject_after, 1),
+                readmit_backoff=r.number("readmit_backoff", cls.readmit_backoff, gt=0),
+                readmit_backoff_max=r.number("readmit_backoff_max", cls.readmit_backoff_max, gt=0))
+        if s.readmit_backoff_max < s.readmit_backoff:
+            raise SettingsError(f"{r.key('readmit_backoff_max')}: expected a number >= "
+                                f"readmit_backoff ({s.readmit_backoff:g}), got {s.readmit_backoff_max!r}")
+        return s
+
+
+@dataclass(frozen=True)
+class ScrapeSettings:
+    interval: float = 1.0
+    enabled: bool = True
+
+    @classmethod
+    def parse(cls, r: _Reader) -> ScrapeSettings:
+        return cls(interval=r.number("interval", cls.interval, gt=0),
+                   enabled=r.boolean("enabled", cls.enabled))
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    connect_timeout: float = 2.0
+    first_byte_timeout: float = 300.0
+    idle_timeout: float = 60.0
+    max_attempts: int = 3
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_in_flight: int = 1024
+    replica_header: bool = True
+
+    @classmethod
+    def parse(cls, r: _Reader) -> ProxySettings:
+        return cls(connect_timeout=r.number("connect_timeout", cls.connect_timeout, gt=0),
+                   first_byte_timeout=r.number("first_byte_timeout", cls.first_byte_timeout, gt=0),
+                   idle_timeout=r.number("idle_timeout", cls.idle_timeout, gt=0),
+                   max_attempts=r.integer("max_attempts", cls.max_attempts, 1, 100),
+                   max_body_bytes=r.size("max_body_bytes", cls.max_body_bytes),
+                   max_in_flight=r.integer("max_in_flight", cls.max_in_flight, 1),
+                   replica_header=r.boolean("replica_header", cls.replica_header))
+
+
+@dataclass(frozen=True)
+class AuthSettings:
+    api_keys: tuple[str, ...] = ()
+    api_keys_env: str | None = None
+    upstream_api_key_env: str | None = None
+
+    @classmethod
+    def parse(cls, r: _Reader) -> AuthSettings:
+        keys: tuple[str, ...] = r.check("api_keys", [], "a list of non-empty strings",
+                       lambda v: isinstance(v, list) and all(isinstance(k, str) and k for k in v),
+                       tuple)
+        return cls(api_keys=keys, api_keys_env=r.opt_string("api_keys_env"),
+                   upstream_api_key_env=r.opt_string("upstream_api_key_env"))
+
+    def client_keys(self, environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+        """Accepted client keys: `api_keys` plus the comma-separated `api_keys_env` variable."""
+        keys = list(self.api_keys)
+        if self.api_keys_env:
+            keys += [k.strip() for k in environ.get(self.api_keys_env, "").split(",") if k.strip()]
+        return tuple(keys)
+
+    def upstream_key(self, environ: Mapping[str, str] = os.environ) -> str | None:
+        if not self.upstream_api_key_env:
+            return None
+        return environ.get(self.upstream_api_key_env) or None
+
+
+@dataclass(frozen=True)
+class AdminSettings:
+    host: str | None = None
+    port: int | None = None
+
+    @classmethod
+    def parse(cls, r: _Reader) -> AdminSettings:
+        return cls(host=r.opt_string("host"), port=r.opt_port("port"))
+
+    @property
+    def enabled(self) -> bool:
+        return self.port is not None
+
+
+@dataclass(frozen=True)
+class LoggingSettings:
+    level: str = "info"
+    access_log: bool = True
+    log_prompts: bool = False
+
+    @classmethod
+    def parse(cls, r: _Reader) -> LoggingSettings:
+        return cls(level=r.choice("level", cls.level, LOG_LEVELS),
+                   access_log=r.boolean("access_log", cls.access_log),
+                   log_prompts=r.boolean("log_prompts", cls.log_prompts))
+
+
+@dataclass(frozen=True)
+class ShutdownSettings:
+    grace_period: float = 30.0
+
+    @classmethod
+    def parse(cls, r: _Reader) -> ShutdownSettings:
+        return cls(grace_period=r.number("grace_period", cls.grace_period, ge=0))
+
+
+_SECTIONS: dict[str, Any] = {
+    "listen": Listen, "discovery": DiscoverySettings, "routing": RoutingSettings,
+    "health": HealthSettings, "scrape": ScrapeSettings, "proxy": ProxySettings,
+    "auth": AuthSettings, "admin": AdminSettings, "logging": LoggingSettings,
+    "shutdown": ShutdownSettings,
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    listen: Listen = field(default_factory=Listen)
+    workers: int = 1
+    replicas: tuple[ReplicaSpec, ...] = ()
+    discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
+    routing: RoutingSettings = field(default_factory=RoutingSettings)
+    health: HealthSettings = field(default_factory=HealthSettings)
+    scrape: ScrapeSettings = field(default_factory=ScrapeSettings)
+    proxy: ProxySettings = field(default_factory=ProxySettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    admin: AdminSettings = field(default_factory=AdminSettings)
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
+    shutdown: ShutdownSettings = field(default_factory=ShutdownSettings)
+
+    @classmethod
+    def from_dict(cls, data: object) -> Settings:
+        root = _Reader(data, "")
+        sections: dict[str, Any] = {}
+        for name, section in _SECTIONS.items():
+            r = root.sub(name)
+            sections[name] = section.parse(r)
+            r.done()
+        workers = root.integer("workers", 1, 1, 64)
+        replicas = _parse_replicas(root.raw("replicas", None))
+        root.done()
+        return cls(workers=workers, replicas=replicas, **sections)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["replicas"] = [dict(r) for r in d["replicas"]]
+        d["auth"]["api_keys"] = list(d["auth"]["api_keys"])
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def with_overrides(self, *, host: str | None = None, port: int | None = None,
+                       workers: int | None = None, policy: str | None = None,
+                       backends: Sequence[str] = ()) -> Settings:
+        """CLI flags over the file: each given flag is validated as its YAML key would be."""
+        d = self.to_dict()
+        if host is not None:
+            d["listen"]["host"] = host
+        if port is not None:
+            d["listen"]["port"] = port
+        if workers is not None:
+            d["workers"] = workers
+        if policy is not None:
+            d["routing"]["policy"] = policy
+        if backends:
+            d["replicas"] = [{"name": f"r{i}", "url": url} for i, url in enumerate(backends)]
+            d["discovery"]["type"] = "static"
+        return Settings.from_dict(d)
+
+    def check_runnable(self) -> None:
+        """Cross-section checks that only matter when serving (not when rendering configs)."""
+        if self.discovery.type == "static" and not self.replicas:
+            raise SettingsError("replicas: static discovery needs at least one replica, got []")
+
+
+def _parse_replicas(value: object) -> tuple[ReplicaSpec, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise SettingsError(f"replicas: expected a list of {{name, url, weight}}, got {value!r}")
+    out: list[ReplicaSpec] = []
+    for i, item in enumerate(value):
+        r = _Reader(item, f"replicas[{i}]")
+        spec = ReplicaSpec.parse(r)
+        r.done()
+        if any(o.name == spec.name for o in out):
+            raise SettingsError(f"replicas[{i}].name: duplicate replica name, got {spec.name!r}")
+        if any(o.url == spec.url for o in out):
+            raise SettingsError(f"replicas[{i}].url: duplicate replica url, got {spec.url!r}")
+        out.append(spec)
+    return tuple(out)
+
+
+def load_settings(path: str | os.PathLike[str]) -> Settings:
+    """Read and validate a YAML file; SettingsError (naming the file) on any problem."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as exc:
+        raise SettingsError(f"{os.fspath(path)}: cannot read ({exc.strerror})") from exc
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"{os.fspath(path)}: invalid YAML ({_one_line(str(exc))})") from exc
+    return Settings.from_dict(data)
+
+
+def settings_from_env(environ: Mapping[str, str] = os.environ) -> Settings:
+    """Settings handed to a uvicorn worker process through `SETTINGS_ENV`."""
+    raw = environ.get(SETTINGS_ENV)
+    if not raw:
+        raise SettingsError(f"{SETTINGS_ENV}: not set (start workers via `prefix-router serve`)")
+    return Settings.from_dict(json.loads(raw))
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
