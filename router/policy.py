@@ -1,0 +1,228 @@
+"""Routing policies: (key, replica states, ring, seq) -> Decision. Pure: no I/O, no clock.
+
+``prefix`` - consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam 2018):
+
+- Only available (healthy, not draining) replicas take part. With total load L over them and
+  total weight W, replica i's cap is ``ceil(c * (L + 1) * w_i / W)`` - ``c`` times its share of
+  the average *including the request being placed*; with equal weights ``ceil(c * (L+1) / n)``.
+  A replica is *under cap* while ``load < cap``, i.e. it can take this request without
+  exceeding its cap.
+- The key's *home* is the first available replica of the ring walk from the routing key (the
+  prefix hash, else the conversation identity). Home under cap -> home (branch ``home``;
+  ``override`` for an ``X-Prefix-Hash`` key, ``conversation`` for a conversation key).
+- Otherwise the request **spills**, conversation-stably: a prefix key with a conversation
+  identity ranks the next ``spill_width`` replicas of the walk by rendezvous hash of
+  (conversation, replica), then the rest of the walk in ring order, and takes the first one
+  under cap. So one conversation of a hot prefix keeps landing on the same replica turn after
+  turn, while different conversations spread over a few replicas (which then all cache the
+  hot prefix). Without a conversation the walk order itself is used. Branch ``spill``.
+- Nobody under cap (possible transiently, e.g. scraped loads running ahead) -> least
+  load/weight, ties in ring order (branch ``fallback``).
+- Key with neither prefix nor conversation -> least loaded, ties by name (``least_loaded``).
+
+Invariant: whenever some available replica is under cap, the chosen one is under cap, so no
+replica ever exceeds ``ceil(c * average)`` through this policy's choices.
+
+``candidates`` is the retry order: the chosen replica, then every other available replica in
+ring order from the key's home (for ``round_robin``: the rotation order; ``least_loaded``: the
+load order).
+
+Cost: O(N) to read loads plus the ring walk (~N log N point steps); N is the fleet size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+import xxhash
+
+from router.keys import KeySource, RoutingKey
+from router.replicas import ReplicaState
+from router.ring import Ring
+
+__all__ = [
+    "POLICIES",
+    "BoundedLoadPrefixPolicy",
+    "Branch",
+    "Decision",
+    "LeastLoadedPolicy",
+    "Policy",
+    "RoundRobinPolicy",
+    "load_cap",
+    "make_policy",
+]
+
+POLICIES = ("prefix", "round_robin", "least_loaded")
+
+
+class Branch(StrEnum):
+    HOME = "home"
+    SPILL = "spill"
+    OVERRIDE = "override"
+    CONVERSATION = "conversation"
+    FALLBACK = "fallback"
+    ROUND_ROBIN = "round_robin"
+    LEAST_LOADED = "least_loaded"
+
+
+@dataclass(frozen=True)
+class Decision:
+    replica: str
+    branch: Branch
+    candidates: tuple[str, ...]  # candidates[0] == replica; then the retry order
+    home: str | None = None  # the key's home replica (differs from replica on spill/fallback)
+
+
+class Policy(Protocol):
+    name: str
+
+    def choose(
+        self, key: RoutingKey, replicas: Sequence[ReplicaState], ring: Ring, seq: int
+    ) -> Decision | None:
+        """The replica for one request; ``None`` when no replica is available."""
+        ...
+
+
+def load_cap(total_load: float, weight: int, total_weight: int, load_factor: float) -> int:
+    """Bounded-load cap of one replica: ``ceil(c * (L + 1) * w / W)``."""
+    share = load_factor * (total_load + 1.0) * weight / total_weight
+    # A hair below the exact product keeps float noise (e.g. 1.25 * 8 / 2 = 5.000000001)
+    # from granting one extra slot.
+    return math.ceil(share - 1e-9)
+
+
+class BoundedLoadPrefixPolicy:
+    name = "prefix"
+
+    def __init__(self, load_factor: float = 1.25, spill_width: int = 3) -> None:
+        if not load_factor >= 1.0:
+            raise ValueError(f"load_factor: expected a number >= 1, got {load_factor!r}")
+        if spill_width < 1:
+            raise ValueError(f"spill_width: expected >= 1, got {spill_width!r}")
+        self.load_factor = load_factor
+        self.spill_width = spill_width
+
+    def choose(
+        self, key: RoutingKey, replicas: Sequence[ReplicaState], ring: Ring, seq: int
+    ) -> Decision | None:
+        available = _available(replicas)
+        if not available:
+            return None
+        ring_key = key.ring_key
+        if ring_key is None:
+            return _by_load(available, sorted(available), Branch.LEAST_LOADED, None)
+        order = _ring_order(ring, ring_key, available)
+        home = order[0]
+        total_load = sum(r.load() for r in available.values())
+        total_weight = sum(max(r.weight, 1) for r in available.values())
+
+        def under_cap(name: str) -> bool:
+            r = available[name]
+            return r.load() < load_cap(total_load, max(r.weight, 1), total_weight, self.load_factor)
+
+        if under_cap(home):
+            return _decision(home, _home_branch(key.source), order, home)
+        for name in self._spill_order(order, key):
+            if under_cap(name):
+                return _decision(name, Branch.SPILL, order, home)
+        return _decision(_least_loaded(available, order), Branch.FALLBACK, order, home)
+
+    def _spill_order(self, order: list[str], key: RoutingKey) -> list[str]:
+        rest = order[1:]
+        if key.prefix is None or key.conversation is None:
+            return rest
+        conversation = key.conversation
+        ranked = sorted(
+            rest[: self.spill_width],
+            key=lambda name: xxhash.xxh3_64_intdigest(
+                f"{conversation}\0{name}".encode("utf-8", "surrogatepass")
+            ),
+            reverse=True,
+        )
+        return ranked + rest[self.spill_width :]
+
+
+class RoundRobinPolicy:
+    name = "round_robin"
+
+    def choose(
+        self, key: RoutingKey, replicas: Sequence[ReplicaState], ring: Ring, seq: int
+    ) -> Decision | None:
+        names = sorted(_available(replicas))
+        if not names:
+            return None
+        i = seq % len(names)
+        rotation = tuple(names[i:] + names[:i])
+        return Decision(rotation[0], Branch.ROUND_ROBIN, rotation)
+
+
+class LeastLoadedPolicy:
+    name = "least_loaded"
+
+    def choose(
+        self, key: RoutingKey, replicas: Sequence[ReplicaState], ring: Ring, seq: int
+    ) -> Decision | None:
+        available = _available(replicas)
+        if not available:
+            return None
+        ring_key = key.ring_key
+        if ring_key is None:
+            return _by_load(available, sorted(available), Branch.LEAST_LOADED, None)
+        order = _ring_order(ring, ring_key, available)
+        return _by_load(available, order, Branch.LEAST_LOADED, order[0])
+
+
+def make_policy(name: str, load_factor: float = 1.25, spill_width: int = 3) -> Policy:
+    if name == "prefix":
+        return BoundedLoadPrefixPolicy(load_factor, spill_width)
+    if name == "round_robin":
+        return RoundRobinPolicy()
+    if name == "least_loaded":
+        return LeastLoadedPolicy()
+    raise ValueError(f"policy: expected one of {', '.join(POLICIES)}, got {name!r}")
+
+
+def _available(replicas: Sequence[ReplicaState]) -> dict[str, ReplicaState]:
+    return {r.name: r for r in replicas if r.available}
+
+
+def _ring_order(ring: Ring, key: str, available: dict[str, ReplicaState]) -> list[str]:
+    """Available replicas in ring order from the key's home; any the ring does not know yet
+    (membership and ring updated out of step) follow, by name."""
+    order = [name for name in ring.walk(key) if name in available]
+    if len(order) < len(available):
+        placed = set(order)
+        order += sorted(name for name in available if name not in placed)
+    return order
+
+
+def _home_branch(source: KeySource) -> Branch:
+    if source is KeySource.HEADER:
+        return Branch.OVERRIDE
+    if source is KeySource.CONVERSATION:
+        return Branch.CONVERSATION
+    return Branch.HOME
+
+
+def _decision(chosen: str, branch: Branch, order: list[str], home: str | None) -> Decision:
+    return Decision(chosen, branch, (chosen, *(n for n in order if n != chosen)), home)
+
+
+def _relative_load(r: ReplicaState) -> float:
+    return r.load() / max(r.weight, 1)
+
+
+def _least_loaded(available: dict[str, ReplicaState], order: Sequence[str]) -> str:
+    """Least load per unit of weight; ties go to the earliest in ``order``."""
+    return min(order, key=lambda n: _relative_load(available[n]))
+
+
+def _by_load(
+    available: dict[str, ReplicaState], order: Sequence[str], branch: Branch, home: str | None
+) -> Decision:
+    ranked = sorted(order, key=lambda n: _relative_load(available[n]))  # stable: ties keep order
+    return Decision(ranked[0], branch, tuple(ranked), home)
