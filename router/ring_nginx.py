@@ -3,7 +3,7 @@
 Ring construction (``ngx_http_upstream_init_chash``), per ``server`` in config order:
 
 - the server string as written in the ``server`` directive (here ``RingMember.address``, e.g.
-  ``10.0.0.7:8000``) is split into host and port: ``unix:PATH`` -> host ``PATH``, no port;
+  ``10.0.0.7:8000``, ``router.replicas.address_of(url)``) is split into host and port: ``unix:PATH`` -> host ``PATH``, no port;
   otherwise the port is the run of digits after the *last* ``:`` (``[::1]:80`` -> ``[::1]``,
   ``80``); a string with no such suffix is all host, no port;
 - ``weight * 160`` points; point ``j`` hashes ``crc32(host + b"\\0" + port + prev)`` where
@@ -24,10 +24,10 @@ for ``fail_timeout`` after ``max_fails`` failures (or is at ``max_conns``). A re
 (``proxy_next_upstream``) resumes from the point where the previous attempt stopped. So the
 servers nginx tries are exactly :meth:`NginxRing.walk` minus the unavailable ones, with one
 difference: nginx gives up after 20 skipped points per request (``hp->tries > 20``) and falls
-back to weighted round-robin. :meth:`NginxRing.nginx_pick` models that cap exactly and returns
+back to weighted round-robin (since 1.13.6). :meth:`NginxRing.nginx_pick` models that cap exactly and returns
 ``None`` where nginx would go round-robin; :meth:`walk` is uncapped. With 160 points per weight
 a run of more than 20 skipped points is rare unless most of the fleet is unavailable.
-nginx >= 1.19 (ours: 1.22) also goes round-robin when the key is *empty* or there is a single
+nginx >= 1.17.1 (ours: 1.22) also goes round-robin when the key is *empty* or there is a single
 server; the generated config never produces an empty key (see ``router.nginx_config``).
 
 Cost: build O(P log P) for P = 160 * total weight points (~3 ms for 8 servers); ``lookup`` is
@@ -40,13 +40,11 @@ import bisect
 import zlib
 from collections.abc import Container, Iterator, Sequence
 from typing import Protocol
-from urllib.parse import urlsplit
 
-__all__ = ["NGINX_MAX_SKIPS", "POINTS_PER_WEIGHT", "NginxRing", "nginx_address", "split_server"]
+__all__ = ["NGINX_MAX_SKIPS", "POINTS_PER_WEIGHT", "NginxRing", "split_server"]
 
 POINTS_PER_WEIGHT = 160
 NGINX_MAX_SKIPS = 20  # points nginx steps over per request before falling back to round-robin
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class _Member(Protocol):
@@ -58,16 +56,6 @@ class _Member(Protocol):
     def weight(self) -> int: ...
     @property
     def address(self) -> str: ...
-
-
-def nginx_address(url: str) -> str:
-    """The ``server`` string the generated nginx config writes for a replica URL: ``host:port``
-    with the port always explicit (so the ring never depends on scheme defaults)."""
-    parts = urlsplit(url)
-    if not parts.hostname or parts.scheme not in _DEFAULT_PORTS:
-        raise ValueError(f"expected an http(s) URL like 'http://host:port', got {url!r}")
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return f"{host}:{parts.port or _DEFAULT_PORTS[parts.scheme]}"
 
 
 def split_server(server: str) -> tuple[bytes, bytes]:
@@ -99,8 +87,8 @@ def server_points(server: str, weight: int) -> list[int]:
 class NginxRing:
     """The consistent ring nginx builds for an upstream whose servers are ``members``, in order.
 
-    Member order matters only for equal-hash ties (see module docstring); the generated config
-    lists servers in the order given here.
+    Member order matters only for equal-hash ties (see module docstring): ``ReplicaSet`` passes
+    members sorted by name and ``router.nginx_config`` lists servers in that same order.
     """
 
     def __init__(self, members: Sequence[_Member]) -> None:
