@@ -1,0 +1,216 @@
+"""Tokenisers: a dependency-free default and Hugging Face ``tokenizer.json`` files.
+
+vLLM's prefix cache works on token ids, so every block boundary the auditor and the simulated
+replica compute depends on the tokeniser. Two implementations share one small protocol:
+
+* :class:`DefaultTokenizer` — deterministic, no dependencies, about four characters per token on
+  English prose. It approximates a byte-level BPE the way that matters for prefix caching:
+  special tokens (``<|im_start|>``, ``[INST]``, ...) are single tokens; a newline is always its own
+  token; letters, digit groups (1-3 digits, as Llama 3 / GPT-4 split numbers) and punctuation runs
+  are pre-tokenised like GPT-2's regex (a leading space sticks to the next word) and long pieces are
+  cut into chunks of at most :data:`MAX_PIECE_CHARS`. Token ids are a stable 31-bit hash of the
+  piece, so two processes agree without sharing a vocabulary.
+
+  Because no token ever spans a newline or a special token, the text can be tokenised line by line
+  and each line cached: a 2k-token system prompt that repeats costs one dict lookup per line. That
+  is what makes the auditor fast on real traces, where the system prompt repeats on every request.
+
+* :class:`HFTokenizer` — wraps ``tokenizers.Tokenizer.from_file`` (optional extra) for exact token
+  and block boundaries of a real model.
+
+Cost: default tokeniser O(len(text)) on a cache miss (one regex pass), O(lines) on a hit.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from typing import Protocol, runtime_checkable
+
+import xxhash
+
+__all__ = [
+    "MAX_PIECE_CHARS",
+    "DefaultTokenizer",
+    "HFTokenizer",
+    "Tokenizer",
+    "TokenizerError",
+    "default_tokenizer",
+    "load_tokenizer",
+]
+
+MAX_PIECE_CHARS = 6
+
+
+class TokenizerError(ValueError):
+    """A tokenizer file could not be loaded."""
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    name: str
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        """Token ids and the start character offset of each token in ``text``."""
+        ...
+
+
+# Special tokens of the common chat formats: ChatML/Qwen, Llama 3, Mistral, Gemma, DeepSeek.
+_SPECIAL = re.compile(
+    r"(<\|[^\s|<>]{1,64}\|>"
+    r"|<｜[^<>｜]{1,64}｜>"
+    r"|</?s>"
+    r"|\[/?(?:INST|SYSTEM_PROMPT|AVAILABLE_TOOLS|TOOL_CALLS|TOOL_RESULTS|TOOL_CONTENT)\]"
+    r"|<(?:start|end)_of_turn>|<bos>|<eos>)"
+)
+_PIECE = re.compile(r" ?[^\W\d_]+| ?\d{1,3}| ?[^\s\w]+|_+|[^\S\n]+")
+
+
+def _piece_id(piece: str) -> int:
+    return xxhash.xxh32_intdigest(piece.encode("utf-8", "surrogatepass")) & 0x7FFFFFFF
+
+
+_NEWLINE_ID = _piece_id("\n")
+
+
+def _encode_plain(text: str, base: int, ids: list[int], offs: list[int]) -> None:
+    for m in _PIECE.finditer(text):
+        piece = m.group()
+        start = base + m.start()
+        if len(piece) <= MAX_PIECE_CHARS:
+            ids.append(_piece_id(piece))
+            offs.append(start)
+            continue
+        for i in range(0, len(piece), MAX_PIECE_CHARS):
+            ids.append(_piece_id(piece[i : i + MAX_PIECE_CHARS]))
+            offs.append(start + i)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _encode_line(line: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Token ids and offsets of one line (no newline inside). Cached: prompts repeat lines."""
+    ids: list[int] = []
+    offs: list[int] = []
+    if "<" not in line and "[" not in line:
+        _encode_plain(line, 0, ids, offs)
+        return tuple(ids), tuple(offs)
+    pos = 0
+    for m in _SPECIAL.finditer(line):
+        if m.start() > pos:
+            _encode_plain(line[pos : m.start()], pos, ids, offs)
+        ids.append(_special_id(m.group()))
+        offs.append(m.start())
+        pos = m.end()
+    if pos < len(line):
+        _encode_plain(line[pos:], pos, ids, offs)
+    return tuple(ids), tuple(offs)
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _special_id(tok: str) -> int:
+    return _piece_id("\x00special:" + tok)
+
+
+class DefaultTokenizer:
+    """Deterministic, dependency-free tokenizer (see the module docstring for how it approximates)."""
+
+    name = "default"
+
+    def encode(self, text: str) -> list[int]:
+        out: list[int] = []
+        lines = text.split("\n")
+        last = len(lines) - 1
+        nl = _NEWLINE_ID
+        enc = _encode_line
+        for i, line in enumerate(lines):
+            if line:
+                out.extend(enc(line)[0])
+            if i != last:
+                out.append(nl)
+        return out
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        ids: list[int] = []
+        offs: list[int] = []
+        pos = 0
+        lines = text.split("\n")
+        last = len(lines) - 1
+        for i, line in enumerate(lines):
+            if line:
+                lids, loffs = _encode_line(line)
+                ids.extend(lids)
+                offs.extend([pos + o for o in loffs])
+                pos += len(line)
+            if i != last:
+                ids.append(_NEWLINE_ID)
+                offs.append(pos)
+                pos += 1
+        return ids, offs
+
+
+class HFTokenizer:
+    """A Hugging Face ``tokenizer.json`` loaded with the ``tokenizers`` library.
+
+    ``add_special_tokens`` defaults to False because vLLM renders chat prompts with the template
+    (which already writes BOS) and tokenises them without adding special tokens again.
+    """
+
+    def __init__(self, path: str, add_special_tokens: bool = False) -> None:
+        try:
+            from tokenizers import Tokenizer as _HF
+        except ImportError as exc:  # pragma: no cover - depends on the optional extra
+            raise TokenizerError(
+                "--tokenizer needs the optional 'tokenizers' package: "
+                "pip install 'prefix-router[tokenizers]'"
+            ) from exc
+        file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+        try:
+            self._tok = _HF.from_file(file)
+        except Exception as exc:
+            raise TokenizerError(f"cannot load tokenizer {file!r}: {exc}") from exc
+        self.name = f"hf:{os.path.basename(os.path.dirname(os.path.abspath(file))) or file}"
+        self.path = file
+        self.add_special_tokens = add_special_tokens
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=self.add_special_tokens).ids)
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        enc = self._tok.encode(text, add_special_tokens=self.add_special_tokens)
+        return list(enc.ids), [start for start, _ in enc.offsets]
+
+    def chat_template(self) -> str | None:
+        """The chat template from a ``tokenizer_config.json`` next to the tokenizer, if any."""
+        cfg = os.path.join(os.path.dirname(self.path), "tokenizer_config.json")
+        try:
+            with open(cfg, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, ValueError):
+            return None
+        tmpl = data.get("chat_template")
+        if isinstance(tmpl, list):  # named templates: pick "default"
+            for item in tmpl:
+                if isinstance(item, dict) and item.get("name") == "default":
+                    return str(item.get("template"))
+            return None
+        return tmpl if isinstance(tmpl, str) else None
+
+
+_DEFAULT = DefaultTokenizer()
+
+
+def default_tokenizer() -> DefaultTokenizer:
+    return _DEFAULT
+
+
+def load_tokenizer(path: str | None = None) -> Tokenizer:
+    """``None`` -> the default tokenizer; otherwise a ``tokenizer.json`` file or its directory."""
+    if path is None or path == "default":
+        return _DEFAULT
+    if not os.path.exists(path):
+        raise TokenizerError(f"tokenizer not found: {path}")
+    return HFTokenizer(path)
