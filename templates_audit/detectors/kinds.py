@@ -1,0 +1,52 @@
+"""Value types of the detectors: the `Kind` enum and the `Match` finding.
+
+`Kind` values are API (metric labels, JSON values): never rename one. `Match.detector` names the
+pattern that caught the value (Drain3-style named masks), so a finding can be traced back to the
+rule that produced it, and so callers can tell long-lived values (a knowledge cutoff, the current
+year) from per-request/per-day ones without a second kind taxonomy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Kind(StrEnum):
+    TIMESTAMP = "timestamp"
+    DATE = "date"
+    TIME = "time"
+    UUID = "uuid"
+    HEX_ID = "hex_id"
+    NUMERIC_ID = "numeric_id"
+    NAME = "name"
+    EMAIL = "email"
+    VERSION = "version"
+    SECRET = "secret"
+    REORDERED_BLOCK = "reordered_block"
+    WHITESPACE = "whitespace"
+    OTHER = "other"
+
+
+# Detectors whose values change per release/config or per year, not per request/day/session.
+# The auditor still reports them when they vary; the router does not cut its key there, because
+# they are constant for a deployment and cutting would only make the routing key less specific.
+KNOWLEDGE_CUTOFF = "knowledge_cutoff"
+CURRENT_YEAR = "current_year"
+LONG_LIVED_DETECTORS: frozenset[str] = frozenset({KNOWLEDGE_CUTOFF, CURRENT_YEAR})
+
+
+@dataclass(frozen=True)
+class Match:
+    """One detected value: `text[start:end] == value`; `detector` is the named pattern."""
+
+    kind: Kind
+    start: int
+    end: int
+    value: str
+    detector: str
+
+    @property
+    def long_lived(self) -> bool:
+        """True for per-release/per-year values (knowledge cutoff, current year)."""
+        return self.detector in LONG_LIVED_DETECTORS
