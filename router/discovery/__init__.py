@@ -1,1 +1,46 @@
+"""Replica discovery: static list, DNS (headless Service) or Kubernetes EndpointSlices.
 
+`make_discovery(settings)` builds the source `settings.discovery.type` names; the app's lifespan
+runs `await discovery.run(publish)` as a task and cancels it at shutdown.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from router.discovery.base import Backoff, Discovery, Endpoint, Membership, Publish
+from router.discovery.dns import DnsDiscovery
+from router.discovery.kubernetes import KubernetesDiscovery
+from router.discovery.static import StaticDiscovery
+
+__all__ = [
+    "Backoff",
+    "Discovery",
+    "DnsDiscovery",
+    "Endpoint",
+    "KubernetesDiscovery",
+    "Membership",
+    "Publish",
+    "StaticDiscovery",
+    "make_discovery",
+]
+
+
+def make_discovery(settings: Any) -> Discovery:
+    """The discovery source for a `router.settings.Settings` (fields as in docs/architecture.md)."""
+    disc = getattr(settings, "discovery", None)
+    kind = getattr(disc, "type", "static") or "static"
+    if kind == "static":
+        return StaticDiscovery(
+            Endpoint(name=r.name, url=r.url, weight=getattr(r, "weight", 1))
+            for r in getattr(settings, "replicas", ()) or ())
+    if kind == "dns":
+        d = disc.dns  # type: ignore[union-attr]
+        if not d.name:
+            raise ValueError("discovery.dns.name: required when discovery.type is dns")
+        return DnsDiscovery(d.name, d.port, d.scheme, d.interval)
+    if kind == "kubernetes":
+        k = disc.kubernetes  # type: ignore[union-attr]
+        return KubernetesDiscovery(k.namespace, k.service, k.port_name, k.scheme,
+                                   kubeconfig=k.kubeconfig)
+    raise ValueError(f"discovery.type: expected one of static | dns | kubernetes, got {kind!r}")
