@@ -37,16 +37,17 @@ repeated system prompt is scanned once.
 
 from __future__ import annotations
 
-import importlib
 import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
 import xxhash
+
+from templates_audit.detectors import Match, first_volatile
 
 __all__ = [
     "KeyConfig",
@@ -108,15 +109,6 @@ class KeyConfig:
         # Header names are compared case-insensitively; store them lowercase once.
         object.__setattr__(self, "key_header", self.key_header.lower())
         object.__setattr__(self, "session_header", self.session_header.lower())
-
-
-class _Match(Protocol):
-    @property
-    def start(self) -> int: ...
-    @property
-    def kind(self) -> Any: ...
-    @property
-    def value(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -294,13 +286,13 @@ def _text_of(content: Any) -> str:
 
 def _prompt_content(prompt: Any, config: KeyConfig) -> tuple[str, bool]:
     """(leading window, scan with detectors?) of a completions prompt / embeddings input."""
-    if isinstance(prompt, list) and prompt and not _is_ids(prompt):
-        prompt = prompt[0]
+    id_window = max(1, config.prompt_window_chars // 4)
+    if isinstance(prompt, list) and prompt and not _is_ids(prompt[:id_window]):
+        prompt = prompt[0]  # a batch: key on its first prompt
     if isinstance(prompt, str):
         return prompt[: config.prompt_window_chars], True
-    if isinstance(prompt, list) and _is_ids(prompt):
-        ids = prompt[: max(1, config.prompt_window_chars // 4)]
-        return ",".join(str(i) for i in ids), False
+    if isinstance(prompt, list) and _is_ids(prompt[:id_window]):
+        return ",".join(str(i) for i in prompt[:id_window]), False
     return "", False
 
 
@@ -312,23 +304,8 @@ def _is_ids(values: list[Any]) -> bool:
 
 _cut_cache: OrderedDict[bytes, VolatileCut | None] = OrderedDict()
 _cut_lock = threading.Lock()
-_first_volatile: Callable[[str], _Match | None] | None = None
-
-
-def _detector() -> Callable[[str], _Match | None]:
-    global _first_volatile
-    if _first_volatile is None:
-        try:
-            module = importlib.import_module("templates_audit.detectors")
-        except ImportError:
-            module = None
-        # Until the shared detectors land, no cut rather than a crash.
-        _first_volatile = getattr(module, "first_volatile", None) or _no_cut
-    return _first_volatile
-
-
-def _no_cut(text: str) -> _Match | None:
-    return None
+# Held in a module attribute so tests can count the (memoised) detector calls.
+_first_volatile: Callable[[str], Match | None] = first_volatile
 
 
 def _volatile_cut(content: str) -> VolatileCut | None:
@@ -337,7 +314,7 @@ def _volatile_cut(content: str) -> VolatileCut | None:
         if digest in _cut_cache:
             _cut_cache.move_to_end(digest)
             return _cut_cache[digest]
-    match = _detector()(content)
+    match = _first_volatile(content)
     cut = None if match is None else VolatileCut(match.start, str(match.kind), match.value)
     with _cut_lock:
         _cut_cache[digest] = cut
