@@ -1,0 +1,381 @@
+"""The audit: a stream of records -> :class:`~templates_audit.model.Report`, in one pass.
+
+Per request (:meth:`Auditor.add`):
+
+1. render and locate the static part (:mod:`.prompts`), tokenise the whole prompt once;
+2. find its template (:mod:`.grouping`); a new template keeps this request as its *reference*
+   (static text, token offsets, block hashes of the static part) and, when the chat template
+   calls ``strftime_now``, renders the reference at two fixed dates and diffs the results — what
+   changes is injected by the template (role ``template``), found deterministically whatever
+   the trace's dates;
+3. diff the static part against the reference (:func:`.findings.diff_spans`) and accumulate each
+   span by its position in the reference: kinds seen, distinct values (hashes, capped), a few
+   examples;
+4. feed two one-replica prefix caches (:class:`~templates_audit.blocks.PrefixCache`, trace
+   order): *observed* with the request's own tokens, *achievable* with the reference's static
+   tokens followed by the request's own remainder — the request as it would be if its volatile
+   values sat after the static part.
+
+:meth:`Auditor.report` turns the accumulators into value objects. A span becomes a finding only
+if static text follows it in the static part (a varying tail is expected variation) and, unless
+it is a recognised value (date, id, secret...), it costs at least one block.
+
+Memory: per template a reference prompt, at most :data:`MAX_SPANS` span accumulators with at
+most :data:`MAX_DISTINCT` value hashes and :data:`MAX_EXAMPLES` examples each; the caches are
+bounded by ``cache_blocks``. Nothing grows with the number of requests otherwise.
+Cost per request: one render, one tokenisation (line-cached), one diff of the static part against
+the reference (O(lines) when only values changed), block hashing of the non-shared tail only.
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime as dt
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import xxhash
+
+from templates_audit.blocks import PrefixCache, block_hashes, hit_rate
+from templates_audit.findings import Span, diff_spans
+from templates_audit.grouping import TemplateIndex
+from templates_audit.model import BadLine, Finding, Report, Role, Summary, Template
+from templates_audit.prompts import Prompt, prepare
+from templates_audit.render import ChatRenderer, TemplateError
+from templates_audit.suggest import redact, suggestion
+from templates_audit.tokenize import Tokenizer, default_tokenizer
+from templates_audit.traces import Record
+
+__all__ = ["DEFAULT_CACHE_BLOCKS", "Auditor", "analyze"]
+
+DEFAULT_CACHE_BLOCKS = 1 << 18  # 4M tokens at block size 16: a large GPU's whole KV pool
+MAX_SPANS = 64
+MAX_DISTINCT = 4096
+MAX_EXAMPLES = 5
+MAX_BAD_SAMPLES = 10
+CONTEXT_CHARS = 40
+# Two probe instants that differ in every field strftime can print (year ... second, weekday).
+PROBE_CLOCKS = (dt.datetime(2024, 1, 2, 3, 4, 5), dt.datetime(2025, 11, 28, 17, 45, 50))
+_MEANINGFUL_KINDS = frozenset({"timestamp", "date", "time", "uuid", "hex_id", "numeric_id",
+                               "name", "email", "version", "secret", "reordered_block"})
+
+
+@dataclass
+class _SpanStats:
+    ref_start: int
+    ref_end: int
+    role: Role
+    kinds: Counter[str] = field(default_factory=Counter)
+    values: set[int] = field(default_factory=set)
+    capped: bool = False
+    examples: list[str] = field(default_factory=list)
+    differed: int = 0
+    multi_line: bool = False
+    injected: bool = False  # found by the strftime_now probe: the template writes it
+
+    def add_value(self, value: str) -> None:
+        h = xxhash.xxh3_64_intdigest(value.encode("utf-8", "surrogatepass"))
+        if h not in self.values:
+            if len(self.values) >= MAX_DISTINCT:
+                self.capped = True
+            else:
+                self.values.add(h)
+                if len(self.examples) < MAX_EXAMPLES:
+                    self.examples.append(value)
+
+
+@dataclass
+class _TemplateState:
+    id: str
+    static_text: str
+    static_ids: list[int]
+    offsets: list[int]
+    hashes: list[int]  # block hashes of static_ids (full blocks)
+    roles: tuple[tuple[int, int, Role], ...]
+    tools_json: str
+    is_chat: bool
+    requests: int = 0
+    spans: list[_SpanStats] = field(default_factory=list)
+    overflow: int = 0  # spans dropped beyond MAX_SPANS
+
+    def token_at(self, char: int) -> int:
+        return max(bisect.bisect_right(self.offsets, char) - 1, 0)
+
+    def role_at(self, start: int, value: str) -> Role:
+        if not self.is_chat:
+            return Role.PROMPT
+        for s, e, role in self.roles:
+            if s <= start < e or (s < e and start == e and not value):
+                return role
+        if self.tools_json and value and value in self.tools_json:
+            return Role.TOOLS
+        return Role.TEMPLATE
+
+    def observe(self, spans: Iterable[Span], text: str) -> None:
+        for sp in spans:
+            stats = self.stats_for(sp)
+            if stats is None:
+                continue
+            stats.kinds[sp.kind] += 1
+            stats.differed += 1
+            stats.multi_line |= sp.multi_line
+            stats.add_value(text[sp.start:sp.end])
+
+    def stats_for(self, sp: Span) -> _SpanStats | None:
+        for st in self.spans:
+            if st.ref_start < sp.ref_end and sp.ref_start < st.ref_end or (
+                st.ref_start == sp.ref_start and st.ref_end == sp.ref_end
+            ):
+                if sp.ref_start < st.ref_start or sp.ref_end > st.ref_end:
+                    st.ref_start = min(st.ref_start, sp.ref_start)
+                    st.ref_end = max(st.ref_end, sp.ref_end)
+                return st
+        if len(self.spans) >= MAX_SPANS:
+            self.overflow += 1
+            return None
+        value = self.static_text[sp.ref_start:sp.ref_end]
+        st = _SpanStats(sp.ref_start, sp.ref_end, self.role_at(sp.ref_start, value))
+        st.add_value(value)  # the reference's own value is one of the distinct values
+        self.spans.append(st)
+        return st
+
+
+class Auditor:
+    """Streaming accumulator; :func:`analyze` is the one-call form."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer | None = None,
+        renderer: ChatRenderer | None = None,
+        *,
+        block_size: int = 16,
+        cache_blocks: int | None = DEFAULT_CACHE_BLOCKS,
+        redact_values: bool = False,
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be > 0, got {block_size}")
+        self.tokenizer = tokenizer or default_tokenizer()
+        self._now: dt.datetime | None = None
+        base = renderer or ChatRenderer()
+        self.renderer = base.with_clock(self._clock)
+        self._dynamic_template = "strftime_now" in base.source
+        self._probes = [base.with_clock(lambda c=c: c) for c in PROBE_CLOCKS]
+        self.block_size = block_size
+        self.redact_values = redact_values
+        self.index = TemplateIndex()
+        self.templates: dict[str, _TemplateState] = {}
+        self.observed = PrefixCache(cache_blocks, block_size)
+        self.achievable = PrefixCache(cache_blocks, block_size)
+        self.requests = 0
+        self.prompt_tokens = 0
+        self.bad_lines = 0
+        self.bad_samples: list[BadLine] = []
+        self.first_ts: float | None = None
+        self.last_ts: float | None = None
+
+    def _clock(self) -> dt.datetime:
+        return self._now or dt.datetime.now()
+
+    # -- input --------------------------------------------------------------------------------
+    def add_bad(self, bad: BadLine) -> None:
+        self.bad_lines += 1
+        if len(self.bad_samples) < MAX_BAD_SAMPLES:
+            self.bad_samples.append(bad)
+
+    def add(self, record: Record) -> None:
+        if record.timestamp is not None:
+            self._now = dt.datetime.fromtimestamp(record.timestamp)
+            self.first_ts = record.timestamp if self.first_ts is None else self.first_ts
+            self.last_ts = record.timestamp
+        try:
+            prompt = prepare(record, self.renderer)
+        except TemplateError as exc:
+            self.add_bad(BadLine(record.file, record.line, str(exc)))
+            return
+        finally:
+            self._now = None
+        ids, offs = self.tokenizer.encode_with_offsets(prompt.text)
+        static_tok = bisect.bisect_left(offs, prompt.static_end)
+        tpl = self._template(record, prompt, ids, offs, static_tok)
+        tpl.requests += 1
+        self.requests += 1
+        self.prompt_tokens += len(ids)
+        static_text = prompt.static_text
+        if static_text != tpl.static_text:
+            tpl.observe(diff_spans(tpl.static_text, static_text), static_text)
+        self._feed_caches(tpl, ids, static_tok)
+
+    def add_all(self, items: Iterable[Record | BadLine]) -> None:
+        for item in items:
+            if isinstance(item, BadLine):
+                self.add_bad(item)
+            else:
+                self.add(item)
+
+    # -- templates ----------------------------------------------------------------------------
+    def _template(self, record: Record, prompt: Prompt, ids: list[int], offs: list[int],
+                  static_tok: int) -> _TemplateState:
+        model = record.model or ""
+        text = prompt.static_text
+        tid, key = self.index.lookup_exact(model, text)
+        if tid is None:
+            tid, masked = self.index.find(model, text, key)
+            if tid is None:
+                tid = f"tpl-{masked[:10]}"
+                while tid in self.templates:  # same masked text under a different model
+                    tid += "'"
+                self.index.add(tid, model, text, key)
+                self.templates[tid] = self._new_template(tid, record, prompt, ids, offs, static_tok)
+        return self.templates[tid]
+
+    def _new_template(self, tid: str, record: Record, prompt: Prompt, ids: list[int],
+                      offs: list[int], static_tok: int) -> _TemplateState:
+        static_ids = ids[:static_tok]
+        tpl = _TemplateState(
+            id=tid, static_text=prompt.static_text, static_ids=static_ids,
+            offsets=offs[:static_tok], hashes=block_hashes(static_ids, self.block_size),
+            roles=prompt.roles, tools_json=prompt.tools_json, is_chat=prompt.is_chat,
+        )
+        if prompt.is_chat and self._dynamic_template:
+            self._probe(tpl, record)
+        return tpl
+
+    def _probe(self, tpl: _TemplateState, record: Record) -> None:
+        try:
+            a, b = (prepare(record, r).static_text for r in self._probes)
+        except TemplateError:
+            return
+        for sp in diff_spans(a, b):
+            # Re-anchor on the reference: the probe renders differ from it only in this span.
+            ref_start = _anchor(a, sp.ref_start, tpl.static_text)
+            if ref_start is None:
+                continue
+            ref_end = ref_start + _value_len(tpl.static_text, ref_start, a[sp.ref_end:])
+            stats = tpl.stats_for(Span(ref_start, ref_end, sp.start, sp.end, sp.kind,
+                                        sp.multi_line))
+            if stats is not None:
+                # Only the kind and the role: the probe dates are not values of the trace.
+                stats.kinds[sp.kind] += 1
+                stats.injected = True
+                stats.role = Role.TEMPLATE
+
+    # -- caches -------------------------------------------------------------------------------
+    def _feed_caches(self, tpl: _TemplateState, ids: list[int], static_tok: int) -> None:
+        bs = self.block_size
+        ref_ids, ref_hashes = tpl.static_ids, tpl.hashes
+        # Observed: reuse the reference's hashes for the leading blocks this request shares.
+        lo, hi = 0, min(len(ref_hashes), len(ids) // bs)
+        if ids[: hi * bs] == ref_ids[: hi * bs]:
+            lo = hi
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if ids[: mid * bs] == ref_ids[: mid * bs]:
+                lo = mid
+            else:
+                hi = mid - 1
+        parent = ref_hashes[lo - 1] if lo else None
+        hashes = ref_hashes[:lo] + block_hashes(ids[lo * bs:], bs, parent=parent)
+        self.observed.insert(hashes, len(ids))
+        # Achievable: the reference's static tokens, then this request's own remainder.
+        ach = ref_ids + ids[static_tok:]
+        k = len(ref_hashes)
+        ach_hashes = ref_hashes + block_hashes(ach[k * bs:], bs, parent=ref_hashes[-1] if k else None)
+        self.achievable.insert(ach_hashes, len(ach))
+
+    # -- output -------------------------------------------------------------------------------
+    def report(self) -> Report:
+        findings: list[Finding] = []
+        templates: list[Template] = []
+        for tpl in self.templates.values():
+            tf = [f for st in tpl.spans if (f := self._finding(tpl, st)) is not None]
+            tf.sort(key=lambda f: f.first_token)
+            findings.extend(tf)
+            static_tokens = len(tpl.static_ids)
+            shared = min((f.first_token for f in tf), default=static_tokens)
+            templates.append(Template(tpl.id, tpl.requests, shared, static_tokens,
+                                      _example_prefix(tpl)))
+        templates.sort(key=lambda t: (-t.requests, t.id))
+        order = {t.id: i for i, t in enumerate(templates)}
+        findings.sort(key=lambda f: (order[f.template], f.first_token))
+        summary = Summary(
+            requests=self.requests,
+            bad_lines=self.bad_lines,
+            templates=len(templates),
+            block_size=self.block_size,
+            observed_hit_rate=hit_rate(self.observed.hits, self.observed.queries),
+            achievable_hit_rate=hit_rate(self.achievable.hits, self.achievable.queries),
+            prompt_tokens=self.prompt_tokens,
+            tokenizer=self.tokenizer.name,
+            first_timestamp=self.first_ts,
+            last_timestamp=self.last_ts,
+        )
+        return Report(summary, tuple(templates), tuple(findings), tuple(self.bad_samples))
+
+    def _finding(self, tpl: _TemplateState, st: _SpanStats) -> Finding | None:
+        text = tpl.static_text
+        after = text[st.ref_end:]
+        if not after.strip():
+            return None  # a varying tail: nothing static follows, nothing is lost
+        kind = st.kinds.most_common(1)[0][0]
+        if "secret" in st.kinds:
+            kind = "secret"
+        bs = self.block_size
+        first = tpl.token_at(st.ref_start)
+        span_tokens = tpl.token_at(st.ref_end) - first if st.ref_end > st.ref_start else 0
+        static_tokens = len(tpl.static_ids)
+        lost = max(0, (static_tokens - span_tokens) // bs - first // bs) * bs
+        if not (lost >= bs or kind in _MEANINGFUL_KINDS or st.injected):
+            return None
+        before = text[max(0, st.ref_start - CONTEXT_CHARS):st.ref_start]
+        examples = tuple(redact(v, kind) if self.redact_values else v for v in st.examples)
+        return Finding(
+            template=tpl.id,
+            kind=kind,
+            role=st.role,
+            first_token=first,
+            block=first // bs,
+            requests_affected=tpl.requests if not st.multi_line else max(st.differed, 1),
+            distinct_values=len(st.values),
+            examples=examples,
+            tokens_lost_per_request=float(lost),
+            suggestion=suggestion(kind, st.role, text[:st.ref_start], lost),
+            before=before,
+            after=after[:CONTEXT_CHARS],
+            distinct_values_capped=st.capped,
+        )
+
+
+def _anchor(probe: str, pos: int, ref: str) -> int | None:
+    """Where ``probe[pos:]``'s span starts in ``ref``: same static text up to it."""
+    return pos if ref[:pos] == probe[:pos] else None
+
+
+def _value_len(ref: str, start: int, probe_after: str) -> int:
+    """Length of the reference's value at ``start``: up to where the probe's static tail resumes."""
+    tail = probe_after[:32]
+    if not tail:
+        return len(ref) - start
+    end = ref.find(tail, start)
+    return (end - start) if end >= 0 else 0
+
+
+def _example_prefix(tpl: _TemplateState, limit: int = 160) -> str:
+    start = tpl.roles[0][0] if tpl.roles else 0
+    return tpl.static_text[start:start + limit]
+
+
+def analyze(
+    items: Iterable[Record | BadLine],
+    tokenizer: Tokenizer | None = None,
+    renderer: ChatRenderer | None = None,
+    *,
+    block_size: int = 16,
+    cache_blocks: int | None = DEFAULT_CACHE_BLOCKS,
+    redact_values: bool = False,
+) -> Report:
+    """Audit ``items`` (records and bad lines, in trace order) into a report."""
+    auditor = Auditor(tokenizer, renderer, block_size=block_size, cache_blocks=cache_blocks,
+                      redact_values=redact_values)
+    auditor.add_all(items)
+    return auditor.report()

@@ -1,0 +1,195 @@
+"""Varying spans between a template's reference prompt and one request: where, what, which kind.
+
+Algorithm (per request whose static part differs from the reference's):
+
+1. Split both texts into lines. With equal line counts, lines are compared by position; otherwise
+   ``difflib`` aligns them (``autojunk`` off) and unequal replace/insert/delete runs become one
+   multi-line span each.
+2. Runs of differing lines with at most one equal line between them form a cluster. A cluster of
+   two or more lines whose lines are the same multiset on both sides is a ``reordered_block``
+   (shuffled few-shot examples).
+3. Other differing line pairs are diffed at word level; each differing run is widened to whole
+   words and to any detector match (``scan``) it touches, runs separated only by punctuation or
+   space are merged, and each span's kind comes from ``classify(before, value, after)``. A pair
+   that differs only in whitespace is one ``whitespace`` span.
+
+Invariant: ``ref[s.ref_start:s.ref_end]`` and ``req[s.start:s.end]`` are the two values of span
+``s``; spans are sorted and non-overlapping. Cost: O(lines) when line counts agree, plus
+O(words^2) per differing line (lines are short); difflib only when lines were inserted/removed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import re
+from dataclasses import dataclass
+
+from templates_audit.detectors import Kind, classify, is_secret, scan
+
+__all__ = ["Span", "diff_spans", "line_spans"]
+
+_WORDS = re.compile(r"\w+|\s+|[^\w\s]")
+_JOINERS = frozenset("-_:/.@+#'")  # characters that glue one value together ("2024-05-20", "a.b@c")
+
+
+@dataclass(frozen=True)
+class Span:
+    ref_start: int
+    ref_end: int
+    start: int
+    end: int
+    kind: str
+    multi_line: bool = False
+
+
+def _line_starts(lines: list[str]) -> list[int]:
+    starts = []
+    pos = 0
+    for line in lines:
+        starts.append(pos)
+        pos += len(line) + 1
+    return starts
+
+
+def diff_spans(ref: str, req: str) -> list[Span]:
+    """Spans where ``req`` differs from ``ref`` (see the module docstring)."""
+    if ref == req:
+        return []
+    a = ref.split("\n")
+    b = req.split("\n")
+    a0 = _line_starts(a)
+    b0 = _line_starts(b)
+    out: list[Span] = []
+    if len(a) == len(b):
+        _aligned(a, b, a0, b0, 0, 0, len(a), out)
+        return out
+    sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        if tag == "equal":
+            continue
+        if tag == "replace" and i2 - i1 == j2 - j1:
+            _aligned(a, b, a0, b0, i1, j1, i2 - i1, out)
+            continue
+        rs = a0[i1] if i1 < len(a) else len(ref)
+        re_ = (a0[i2 - 1] + len(a[i2 - 1])) if i2 > i1 else rs
+        qs = b0[j1] if j1 < len(b) else len(req)
+        qe = (b0[j2 - 1] + len(b[j2 - 1])) if j2 > j1 else qs
+        if qe > qs:
+            kind = _block_kind(req[:qs], req[qs:qe], req[qe:])
+        else:
+            kind = _block_kind(ref[:rs], ref[rs:re_], ref[re_:])
+        out.append(Span(rs, re_, qs, qe, kind, multi_line=True))
+    return out
+
+
+def _block_kind(before: str, value: str, after: str) -> str:
+    if is_secret(value) or any(m.kind is Kind.SECRET for m in scan(value)):
+        return Kind.SECRET.value
+    return str(classify(before[-96:], value, after[:96]))
+
+
+def _aligned(a: list[str], b: list[str], a0: list[int], b0: list[int],
+             i: int, j: int, n: int, out: list[Span]) -> None:
+    diff = [k for k in range(n) if a[i + k] != b[j + k]]
+    clusters: list[list[int]] = []
+    for k in diff:
+        if clusters and k - clusters[-1][-1] <= 2:
+            clusters[-1].append(k)
+        else:
+            clusters.append([k])
+    for cl in clusters:
+        lo, hi = cl[0], cl[-1] + 1
+        if len(cl) >= 2 and sorted(a[i + lo:i + hi]) == sorted(b[j + lo:j + hi]):
+            rs, qs = a0[i + lo], b0[j + lo]
+            out.append(Span(rs, a0[i + hi - 1] + len(a[i + hi - 1]),
+                            qs, b0[j + hi - 1] + len(b[j + hi - 1]),
+                            Kind.REORDERED_BLOCK.value, multi_line=True))
+            continue
+        for k in cl:
+            ra, qb = a0[i + k], b0[j + k]
+            for s in line_spans(a[i + k], b[j + k]):
+                out.append(Span(ra + s.ref_start, ra + s.ref_end, qb + s.start, qb + s.end, s.kind))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _scan_ranges(text: str) -> tuple[tuple[int, int], ...]:
+    return tuple((m.start, m.end) for m in scan(text))
+
+
+def _widen(text: str, s: int, e: int) -> tuple[int, int]:
+    """Grow [s, e) to whole words/values, then to every detector match it touches."""
+    while s > 0 and (text[s - 1].isalnum() or text[s - 1] in _JOINERS):
+        s -= 1
+    while e < len(text) and (text[e].isalnum() or text[e] in _JOINERS):
+        e += 1
+    changed = True
+    while changed:
+        changed = False
+        for ms, me in _scan_ranges(text):
+            if ms < e and me > s and (ms < s or me > e):
+                s, e = min(s, ms), max(e, me)
+                changed = True
+    # A value rarely ends in a joiner: "Paris." -> "Paris".
+    while e > s and text[e - 1] in _JOINERS and text[e - 1] not in "_#":
+        e -= 1
+    while s < e and text[s] in _JOINERS and text[s] not in "_#":
+        s += 1
+    return s, e
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def line_spans(a: str, b: str) -> tuple[Span, ...]:
+    """Spans of one differing line pair, offsets relative to the lines. Cached: per-day values
+    repeat, so the same pair comes back many times."""
+    if a.split() == b.split():
+        p = _common_prefix(a, b)
+        s = _common_suffix(a[p:], b[p:])
+        return (Span(p, len(a) - s, p, len(b) - s, Kind.WHITESPACE.value),)
+    ta = [m.span() for m in _WORDS.finditer(a)]
+    tb = [m.span() for m in _WORDS.finditer(b)]
+    sm = difflib.SequenceMatcher(None, [a[x:y] for x, y in ta], [b[x:y] for x, y in tb],
+                                 autojunk=False)
+    runs: list[list[int]] = []
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        if tag == "equal":
+            continue
+        ra = (ta[i1][0], ta[i2 - 1][1]) if i2 > i1 else ((ta[i1][0],) * 2 if i1 < len(ta) else (len(a), len(a)))
+        rb = (tb[j1][0], tb[j2 - 1][1]) if j2 > j1 else ((tb[j1][0],) * 2 if j1 < len(tb) else (len(b), len(b)))
+        sa, ea = _widen(a, *ra)
+        sb, eb = _widen(b, *rb)
+        runs.append([sa, ea, sb, eb])
+    merged: list[list[int]] = []
+    for r in sorted(runs, key=lambda r: (r[2], r[0])):
+        if merged:
+            last = merged[-1]
+            gap = b[last[3]:r[2]] if r[2] > last[3] else ""
+            if r[2] <= last[3] or r[0] <= last[1] or not any(c.isalnum() for c in gap):
+                last[0], last[1] = min(last[0], r[0]), max(last[1], r[1])
+                last[2], last[3] = min(last[2], r[2]), max(last[3], r[3])
+                continue
+        merged.append(r)
+    out = []
+    for sa, ea, sb, eb in merged:
+        if eb > sb:
+            kind = _block_kind(b[:sb], b[sb:eb], b[eb:])
+        else:
+            kind = _block_kind(a[:sa], a[sa:ea], a[ea:])
+        out.append(Span(sa, ea, sb, eb, kind))
+    return tuple(out)
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _common_suffix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[-1 - i] == b[-1 - i]:
+        i += 1
+    return i

@@ -1,0 +1,174 @@
+"""Assign a request's static part to a template: requests that would share a prefix if their
+volatile values were equal.
+
+Three lookups, cheapest first:
+
+1. **exact**: the static text itself (model included) was seen before -> its template.
+2. **masked**: every line with its detector matches (``scan``) replaced by ``<kind>`` placeholders;
+   same masked text -> same template. This absorbs dates, times, ids, emails, versions...
+3. **similar** (values no detector knows: names, cities, injected paragraphs):
+   * multi-line texts vote with their distinct masked lines against an inverted index of every
+     template's reference lines; the best template wins if it shares at least
+     :data:`LINE_SIMILARITY` of the larger line set (lines shared by more than
+     :data:`MAX_POSTING` templates — boilerplate — do not vote);
+   * short texts (fewer than :data:`MIN_LINES` non-empty lines) are compared with recent short
+     templates of the same model: equal but for one middle run of at most :data:`MAX_SHORT_DIFF`
+     characters whose kind (``classify``) is a value (a name, a number...), not prose. So
+     "You are talking to Alice." and "... to Bob." are one template, while "You are a helpful
+     assistant." and "You are a pirate." are two.
+
+Memory: the exact and masked maps are LRU-bounded (:data:`MAX_KEYS` each); the inverted index
+and short list grow with templates only. Cost: exact hit O(len); masked O(lines) with a per-line
+cache; similar O(lines * posting) or O(recent short templates * len).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict, deque
+from collections.abc import Callable
+
+import xxhash
+
+from templates_audit.detectors import Kind, classify, scan
+
+__all__ = ["LINE_SIMILARITY", "TemplateIndex", "mask_line"]
+
+LINE_SIMILARITY = 0.6
+MIN_LINES = 4
+MAX_POSTING = 32
+MAX_SHORT_DIFF = 64
+MAX_KEYS = 1 << 16
+RECENT_SHORT = 256
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def mask_line(line: str) -> str:
+    """``line`` with every detector match replaced by ``\\x00kind\\x00``."""
+    matches = scan(line)
+    if not matches:
+        return line
+    parts = []
+    pos = 0
+    for m in matches:
+        parts.append(line[pos:m.start])
+        parts.append(f"\x00{m.kind.value}\x00")
+        pos = m.end
+    parts.append(line[pos:])
+    return "".join(parts)
+
+
+def _h(text: str) -> int:
+    return xxhash.xxh3_64_intdigest(text.encode("utf-8", "surrogatepass"))
+
+
+def _common_prefix(a: str, b: str) -> int:
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:  # binary search on slice equality: C-speed comparisons
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _common_suffix(a: str, b: str, limit: int) -> int:
+    lo, hi = 0, min(len(a), len(b), limit)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[len(a) - mid:] == b[len(b) - mid:]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _value_like(before: str, value: str, after: str) -> bool:
+    if not value.strip() or len(value.split()) > 6:
+        return False
+    return classify(before[-96:], value, after[:96]) is not Kind.OTHER or (
+        value[:1].isupper() and len(value.split()) <= 3
+    )
+
+
+class TemplateIndex:
+    """Maps static texts to template ids (see the module docstring)."""
+
+    def __init__(self, classify_short: Callable[[str, str, str], bool] = _value_like) -> None:
+        self._exact: OrderedDict[int, str] = OrderedDict()
+        self._masked: OrderedDict[int, str] = OrderedDict()
+        self._postings: dict[int, list[str]] = {}
+        self._nlines: dict[str, int] = {}
+        self._short: dict[str, deque[tuple[str, str]]] = {}
+        self._value_like = classify_short
+
+    @staticmethod
+    def _remember(lru: OrderedDict[int, str], key: int, tid: str) -> None:
+        lru[key] = tid
+        lru.move_to_end(key)
+        if len(lru) > MAX_KEYS:
+            lru.popitem(last=False)
+
+    def lookup_exact(self, model: str, text: str) -> tuple[str | None, int]:
+        key = _h(model + "\x00" + text)
+        tid = self._exact.get(key)
+        if tid is not None:
+            self._exact.move_to_end(key)
+        return tid, key
+
+    def find(self, model: str, text: str, exact_key: int) -> tuple[str | None, str]:
+        """(template id or None, masked key hex). Call after :meth:`lookup_exact` missed."""
+        lines = [mask_line(line) for line in text.split("\n")]
+        masked = "\n".join(lines)
+        mkey = _h(model + "\x00" + masked)
+        tid = self._masked.get(mkey)
+        if tid is None:
+            tid = self._similar(model, text, lines)
+            if tid is not None:
+                self._remember(self._masked, mkey, tid)
+        if tid is not None:
+            self._remember(self._exact, exact_key, tid)
+        return tid, f"{mkey:016x}"
+
+    def add(self, tid: str, model: str, text: str, exact_key: int) -> None:
+        """Register a new template whose reference static text is ``text``."""
+        lines = [mask_line(line) for line in text.split("\n")]
+        self._remember(self._exact, exact_key, tid)
+        self._remember(self._masked, _h(model + "\x00" + "\n".join(lines)), tid)
+        distinct = {_h(model + "\x00" + ln) for ln in lines if ln.strip()}
+        self._nlines[tid] = len(distinct)
+        if len(distinct) >= MIN_LINES:
+            for lh in distinct:
+                self._postings.setdefault(lh, []).append(tid)
+        else:
+            self._short.setdefault(model, deque(maxlen=RECENT_SHORT)).appendleft((tid, text))
+
+    def _similar(self, model: str, text: str, lines: list[str]) -> str | None:
+        distinct = {_h(model + "\x00" + ln) for ln in lines if ln.strip()}
+        if len(distinct) >= MIN_LINES:
+            votes: dict[str, int] = {}
+            for lh in distinct:
+                post = self._postings.get(lh)
+                if post is None or len(post) > MAX_POSTING:
+                    continue
+                for tid in post:
+                    votes[tid] = votes.get(tid, 0) + 1
+            best = max(votes.items(), key=lambda kv: (kv[1], kv[0]), default=None)
+            if best and best[1] >= LINE_SIMILARITY * max(len(distinct), self._nlines[best[0]]):
+                return best[0]
+            return None
+        for tid, ref in self._short.get(model, ()):
+            p = _common_prefix(ref, text)
+            s = _common_suffix(ref, text, min(len(ref), len(text)) - p)
+            mid_ref, mid = ref[p:len(ref) - s], text[p:len(text) - s]
+            if max(len(mid_ref), len(mid)) > MAX_SHORT_DIFF:
+                continue
+            # Widen to whole words: the diff may start inside one ("Al|ice" vs "Al|an").
+            while p > 0 and text[p - 1].isalnum():
+                p -= 1
+            while s > 0 and text[len(text) - s].isalnum():
+                s -= 1
+            if self._value_like(text[:p], text[p:len(text) - s], text[len(text) - s:]):
+                return tid
+        return None

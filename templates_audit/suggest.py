@@ -1,0 +1,78 @@
+"""Fix suggestions and redaction for findings — pure string functions, one rule per kind.
+
+``suggestion`` names the span by its static lead-in (``Current date: …``) so the reader can find
+it in the prompt source, and states the gain in tokens. ``redact`` keeps a value's kind and shape
+but not its content: digits -> ``#``, letters -> ``x``/``X``, names -> first letter + ``***``,
+secrets -> ``***``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from templates_audit.model import Role
+
+__all__ = ["lead_in", "redact", "suggestion"]
+
+_LEAD = re.compile(r"[^\n.!?]{0,48}$")
+
+
+def lead_in(before: str) -> str:
+    """The few static words right before a span (same line/sentence), for naming it."""
+    m = _LEAD.search(before)
+    return (m.group() if m else "").lstrip()
+
+
+def _where(role: Role) -> str:
+    if role is Role.TOOLS:
+        return "out of the tool definitions (pass it in the user turn)"
+    if role is Role.PROMPT:
+        return "to the end of the prompt"
+    return "to the end of the system message or into the user turn"
+
+
+def suggestion(kind: str, role: Role, before: str, tokens_lost: float) -> str:
+    gain = int(round(tokens_lost))
+    tail = (f"; the {gain:,} static tokens after it become cacheable" if gain > 0
+            else "; it costs less than one KV block today, but keep volatile values last")
+    name = f"`{lead_in(before)}…`" if lead_in(before) else "the volatile value"
+    if kind == "secret":
+        return ("remove credentials from prompts — they leak into logs and caches; "
+                "pass them to tools server-side" + tail)
+    if kind == "reordered_block":
+        return "sort the examples (or other repeated blocks) deterministically" + tail
+    if kind == "whitespace":
+        return "normalise whitespace (strip/collapse) before rendering" + tail
+    if role is Role.TEMPLATE:
+        return (f"the chat template injects {name} ({kind}) on every request: pass a fixed value "
+                "(e.g. `date_string`) or override the template so the date goes after the "
+                "static part" + tail)
+    if kind in ("timestamp", "time"):
+        precision = "; round it to the day if the model only needs the date"
+        return f"move {name} {_where(role)}{precision}" + tail
+    if kind in ("uuid", "hex_id", "numeric_id"):
+        return f"move the per-request id {name} {_where(role)} (or into request metadata)" + tail
+    return f"move {name} {_where(role)}" + tail
+
+
+_NAME_KINDS = frozenset({"name"})
+
+
+def redact(value: str, kind: str) -> str:
+    """Mask ``value`` keeping its kind and shape (``2024-05-20`` -> ``####-##-##``)."""
+    if kind == "secret":
+        return "***"
+    if kind in _NAME_KINDS:
+        return " ".join((w[:1] + "***") if w else w for w in value.split(" "))
+    if kind == "email":
+        local, _, domain = value.partition("@")
+        return (local[:1] + "***@" + domain) if domain else "***"
+    out = []
+    for c in value:
+        if c.isdigit():
+            out.append("#")
+        elif c.isalpha():
+            out.append("X" if c.isupper() else "x")
+        else:
+            out.append(c)
+    return "".join(out)
