@@ -16,7 +16,10 @@ Ring construction (``ngx_http_upstream_init_chash``), per ``server`` in config o
   collision needs ~1 in 10^4 rings of a few thousand points, and then affects one arc.
 
 Lookup (``ngx_http_upstream_init_chash_peer``): ``h = crc32(key bytes)``; the home point is the
-first point with hash ``>= h`` (binary search), index ``n`` wrapping to ``0``.
+first point with hash ``>= h`` (binary search), index ``n`` wrapping to ``0``. nginx hashes the
+header's raw bytes, and ASGI servers hand the router header values decoded as latin-1, so a key
+is encoded back as latin-1 (the wire bytes); only a key that cannot be latin-1 (never one read
+from a header) is hashed as UTF-8. Keys from ``router.client.hash_key`` are ASCII either way.
 
 Walking on (``ngx_http_upstream_get_chash_peer``): nginx moves one *point* at a time from the home
 point, skipping points whose server was already tried for this request, is ``down``, or is out
@@ -41,7 +44,7 @@ import zlib
 from collections.abc import Container, Iterator, Sequence
 from typing import Protocol
 
-__all__ = ["NGINX_MAX_SKIPS", "POINTS_PER_WEIGHT", "NginxRing", "split_server"]
+__all__ = ["NGINX_MAX_SKIPS", "POINTS_PER_WEIGHT", "NginxRing", "key_bytes", "split_server"]
 
 POINTS_PER_WEIGHT = 160
 NGINX_MAX_SKIPS = 20  # points nginx steps over per request before falling back to round-robin
@@ -69,6 +72,14 @@ def split_server(server: str) -> tuple[bytes, bytes]:
     if digits > 0 and raw[digits - 1 : digits] == b":":
         return raw[: digits - 1], raw[digits:]
     return raw, b""
+
+
+def key_bytes(key: str) -> bytes:
+    """The bytes nginx hashed for a key the router holds as ``key`` (see module docstring)."""
+    try:
+        return key.encode("latin-1")
+    except UnicodeEncodeError:
+        return key.encode()
 
 
 def server_points(server: str, weight: int) -> list[int]:
@@ -121,7 +132,7 @@ class NginxRing:
         """Index of the key's home point: first point with hash >= crc32(key), wrapping."""
         if not self._hashes:
             raise LookupError("empty ring")
-        index = bisect.bisect_left(self._hashes, zlib.crc32(key.encode()))
+        index = bisect.bisect_left(self._hashes, zlib.crc32(key_bytes(key)))
         return index % len(self._hashes)
 
     def lookup(self, key: str) -> str:
