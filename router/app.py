@@ -1,0 +1,420 @@
+"""The router's ASGI application: the only place the pieces are wired together.
+
+Request path (plain ASGI, no middleware stack):
+
+    /v1/*   auth -> in-flight cap (429) -> read body (413) -> validate (400) -> keys.derive ->
+            policy.choose -> proxy.Forwarder.forward (retry before first byte, relay, disconnect)
+            GET /v1/models is answered here: union over available replicas, deduplicated by id
+    /health 200 while the process runs        /ready 200 with >= 1 available replica, else 503
+    /metrics Prometheus text (on the admin listener instead when `admin.port` is set)
+
+The body is parsed once, for validation and the routing key; the raw bytes are what is sent on.
+Errors raised anywhere before the first response byte are `RouterError`s answered in one place
+(`_answer_error`) in OpenAI error format.
+
+Lifespan: startup creates the aiohttp sessions (hot path and control plane), publishes the
+static membership at once, then starts discovery, health probes, the load scrape and the
+optional admin listener as tasks; shutdown cancels and awaits them and closes the sessions.
+Constructing a RouterApp starts nothing, so tests can build many.
+
+`app_factory()` builds the app from the settings JSON in `SETTINGS_ENV`, which is how
+`uvicorn --workers N` processes get their configuration. Every worker computes the same routing
+decision for the same key and membership because the policy is a pure function of both (loads
+differ per worker: each counts its own in-flight requests plus the shared scraped gauges).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import aiohttp
+import uvicorn
+
+from router.accesslog import CLIENT_CLOSED, AccessRecord, emit
+from router.auth import ClientAuth, upstream_authorization
+from router.discovery import Discovery, make_discovery
+from router.errors import (
+    InvalidRequest,
+    NoReplicaAvailable,
+    NotFound,
+    PayloadTooLarge,
+    RouterError,
+    TooManyRequests,
+    UpstreamError,
+    error_body,
+)
+from router.health import HealthMonitor
+from router.keys import KeyConfig, derive
+from router.metrics import RouterMetrics
+from router.policy import Branch, make_policy
+from router.proxy import Forwarder, Receive, Scope, Send, Upstream, make_session
+from router.replicas import EndpointLike, ReplicaSet
+from router.settings import Settings, settings_from_env
+
+log = logging.getLogger("prefix_router")
+
+# Required prompt field per validated endpoint and the JSON types it may take.
+_PROMPT_FIELDS: dict[str, tuple[str, tuple[type, ...]]] = {
+    "/v1/chat/completions": ("messages", (list,)),
+    "/v1/completions": ("prompt", (str, list)),
+    "/v1/embeddings": ("input", (str, list)),
+}
+_OPTIONAL_TYPES: tuple[tuple[str, tuple[type, ...], str], ...] = (
+    ("model", (str,), "a string"),
+    ("stream", (bool,), "a boolean"),
+)
+_REJECT_REASONS = {400: "invalid_request", 401: "unauthorized", 404: "not_found",
+                   413: "body_too_large", 429: "overloaded", 502: "upstream_error",
+                   503: "no_replica", 504: "upstream_timeout"}
+_JSON = [(b"content-type", b"application/json")]
+_TEXT = [(b"content-type", b"text/plain; charset=utf-8")]
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body was complete."""
+
+
+async def read_body(receive: Receive, headers: Iterable[tuple[bytes, bytes]], limit: int) -> bytes:
+    """The whole request body; PayloadTooLarge as soon as Content-Length or the bytes read so far
+    exceed `limit` (a lying or absent Content-Length cannot get past it)."""
+    for name, value in headers:
+        if name == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                raise InvalidRequest("invalid Content-Length",
+                                     code="invalid_content_length") from None
+            if declared > limit:
+                raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of "
+                                      f"{limit} bytes")
+            break
+    msg = await receive()
+    if msg["type"] == "http.disconnect":
+        raise ClientGone
+    body: bytes = msg.get("body", b"")
+    if not msg.get("more_body", False):
+        if len(body) > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        return body
+    chunks = [body]
+    size = len(body)
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+        if not msg.get("more_body", False):
+            return b"".join(chunks)
+
+
+def validate_body(path: str, headers: Iterable[tuple[bytes, bytes]],
+                  body: bytes) -> dict[str, Any]:
+    """Parse and shape-check the JSON body of a completions-style POST (400 on any problem)."""
+    for name, value in headers:
+        if name == b"content-type":
+            media = value.split(b";", 1)[0].strip().lower()
+            if media != b"application/json":
+                raise InvalidRequest(f"Content-Type must be application/json, got "
+                                     f"{media.decode('latin-1')!r}", code="invalid_content_type")
+            break
+    try:
+        parsed = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidRequest("request body is not valid JSON", code="invalid_json") from None
+    if not isinstance(parsed, dict):
+        raise InvalidRequest("request body must be a JSON object", code="invalid_body")
+    field, types = _PROMPT_FIELDS[path]
+    if field not in parsed:
+        raise InvalidRequest(f"missing required field '{field}'", code="missing_field")
+    if not isinstance(parsed[field], types) or not parsed[field]:
+        kinds = " or ".join("a non-empty array" if t is list else "a string" for t in types)
+        raise InvalidRequest(f"'{field}' must be {kinds}", code="invalid_type")
+    if field == "messages" and not all(isinstance(m, dict) for m in parsed["messages"]):
+        raise InvalidRequest("'messages' must be an array of objects", code="invalid_type")
+    for opt, want, desc in _OPTIONAL_TYPES:
+        if opt in parsed and parsed[opt] is not None and not isinstance(parsed[opt], want):
+            raise InvalidRequest(f"'{opt}' must be {desc}", code="invalid_type")
+    return parsed
+
+
+async def send_bytes(send: Send, status: int, body: bytes,
+                     headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_json(send: Send, status: int, obj: object) -> None:
+    await send_bytes(send, status, json.dumps(obj).encode(), _JSON)
+
+
+class RouterApp:
+    def __init__(self, settings: Settings, *, discovery: Discovery | None = None,
+                 environ: Mapping[str, str] = os.environ) -> None:
+        self.settings = settings
+        r = settings.routing
+        self.metrics = RouterMetrics()
+        self.replicas = ReplicaSet((), ring_kind=r.ring, vnodes=r.virtual_nodes)
+        self.policy = make_policy(r.policy, r.load_factor)
+        self.key_config = KeyConfig(min_prefix_chars=r.min_prefix_chars,
+                                    max_prefix_chars=r.max_prefix_chars,
+                                    key_header=r.key_header, session_header=r.session_header)
+        self._key_headers = (self.key_config.key_header.encode(),
+                             self.key_config.session_header.encode())
+        self.health = HealthMonitor(settings.health, settings.scrape, self.replicas,
+                                    self.metrics, on_change=self._publish_states)
+        self.auth = ClientAuth(settings.auth.client_keys(environ))
+        self.upstream_auth = upstream_authorization(settings.auth.upstream_key(environ))
+        self.discovery = discovery
+        self.forwarder: Forwarder | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._control: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._admin: uvicorn.Server | None = None
+        self._seq = 0
+        self._open = 0
+        self._access_log = settings.logging.access_log
+        self._metrics_here = not settings.admin.enabled
+
+    # membership ------------------------------------------------------------------------------
+
+    def publish(self, endpoints: Iterable[EndpointLike]) -> None:
+        """Discovery callback: replace the membership (states of survivors are kept)."""
+        before = {s.name for s in self.replicas.states()}
+        self.replicas.update_membership(list(endpoints))
+        self.health.forget(before - {s.name for s in self.replicas.states()})
+        self._publish_states()
+
+    def _publish_states(self) -> None:
+        self.metrics.set_membership({s.name: (s.healthy, s.draining)
+                                     for s in self.replicas.states()})
+
+    @property
+    def ready(self) -> bool:
+        return any(s.available for s in self.replicas.states())
+
+    # lifespan --------------------------------------------------------------------------------
+
+    async def startup(self) -> None:
+        s = self.settings
+        self._session = make_session(s.proxy)
+        self._control = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
+                                              cookie_jar=aiohttp.DummyCookieJar())
+        self.forwarder = Forwarder(Upstream(self._session, self.replicas, self.health,
+                                            self.metrics, s.proxy, self.upstream_auth))
+        if s.discovery.type == "static" and s.replicas:
+            self.publish(s.replicas)  # ready from the first request, before any task ran
+        discovery = self.discovery or make_discovery(s)
+        self._tasks = [asyncio.create_task(discovery.run(self.publish), name="discovery"),
+                       asyncio.create_task(self.health.run_probes(self._control), name="probes")]
+        if s.scrape.enabled:
+            self._tasks.append(asyncio.create_task(self.health.run_scrapes(self._control),
+                                                   name="scrape"))
+        if s.admin.enabled:
+            await self._start_admin()
+
+    async def shutdown(self) -> None:
+        if self._admin is not None:
+            self._admin.should_exit = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        for session in (self._session, self._control):
+            if session is not None:
+                await session.close()
+        self._session = self._control = None
+
+    async def _start_admin(self) -> None:
+        admin = self.settings.admin
+        sock = socket.socket(socket.AF_INET6 if ":" in (admin.host or "") else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # every uvicorn worker binds the admin port; the kernel spreads scrapes over them
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((admin.host or self.settings.listen.host, admin.port or 0))
+        sock.set_inheritable(True)
+        config = uvicorn.Config(self.admin_app, lifespan="off", log_level="warning",
+                                access_log=False)
+        server = self._admin = uvicorn.Server(config)
+        # _serve skips capture_signals: the outer server owns SIGINT/SIGTERM
+        serve = getattr(server, "_serve", server.serve)
+        self._tasks.append(asyncio.create_task(serve(sockets=[sock]), name="admin"))
+        for _ in range(500):
+            if server.started:
+                break
+            await asyncio.sleep(0.01)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:
+                    log.exception("router startup failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # HTTP ------------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            path = scope["path"]
+            if path.startswith("/v1/"):
+                await self._api(scope, receive, send)
+            elif not await self._own_route(path, send, metrics=self._metrics_here):
+                await self._answer_error(send, NotFound(f"no route for {path}"))
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+        elif kind == "websocket":
+            await send({"type": "websocket.close", "code": 1000})
+
+    async def admin_app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not await self._own_route(scope["path"], send,
+                                                                  metrics=True):
+            await self._answer_error(send, NotFound(f"no route for {scope['path']}"))
+
+    async def _own_route(self, path: str, send: Send, *, metrics: bool) -> bool:
+        if path == "/health":
+            await send_json(send, 200, {"status": "ok"})
+        elif path == "/ready":
+            ready = self.ready
+            await send_json(send, 200 if ready else 503,
+                            {"status": "ready" if ready else "no healthy replica"})
+        elif path == "/metrics" and metrics:
+            body, ctype = self.metrics.render()
+            await send_bytes(send, 200, body, [(b"content-type", ctype.encode())])
+        else:
+            return False
+        return True
+
+    async def _answer_error(self, send: Send, err: RouterError) -> None:
+        self.metrics.reject(_REJECT_REASONS.get(err.status, "error"))
+        await send_bytes(send, err.status, error_body(err), err.headers())
+
+    async def _api(self, scope: Scope, receive: Receive, send: Send) -> None:
+        t0 = time.perf_counter()
+        method: str = scope["method"]
+        path: str = scope["path"]
+        record = AccessRecord(method, path)
+        counted = False
+        try:
+            self.auth.check(scope["headers"])
+            if path == "/v1/models" and method == "GET":
+                await self._models(scope, send)
+                record.status = 200
+                return
+            if self._open >= self.settings.proxy.max_in_flight:
+                raise TooManyRequests("router at max_in_flight; retry shortly", retry_after=1)
+            self._open += 1
+            counted = True
+            await self._route(scope, receive, send, record)
+        except RouterError as err:
+            record.status = err.status
+            await self._answer_error(send, err)
+        except ClientGone:
+            record.status = CLIENT_CLOSED
+        finally:
+            if counted:
+                self._open -= 1
+            if self._access_log:
+                record.duration_ms = round((time.perf_counter() - t0) * 1000, 3)
+                if record.ttfb_ms is not None:
+                    record.ttfb_ms = round(record.ttfb_ms, 3)
+                emit(record)
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send,
+                     record: AccessRecord) -> None:
+        headers = scope["headers"]
+        path: str = scope["path"]
+        body = await read_body(receive, headers, self.settings.proxy.max_body_bytes)
+        record.bytes_in = len(body)
+        parsed: dict[str, Any] | None = None
+        if scope["method"] == "POST" and path in _PROMPT_FIELDS:
+            parsed = validate_body(path, headers, body)
+        key_hdr, session_hdr = self._key_headers
+        key_headers = {n.decode("latin-1"): v.decode("latin-1") for n, v in headers
+                       if n == key_hdr or n == session_hdr}
+        key = derive(path, key_headers, parsed, self.key_config)
+        self._seq += 1
+        decision = self.policy.choose(key, self.replicas.states(), self.replicas.ring, self._seq)
+        if decision is None:
+            raise NoReplicaAvailable("no healthy replica", retry_after=self._retry_after())
+        record.branch = decision.branch.value
+        record.key_source = key.source.value
+        if decision.branch is Branch.SPILL:
+            self.metrics.spill(decision.replica)
+        ring_key = key.ring_key
+        if ring_key is not None:
+            self.metrics.observe_key(ring_key)
+        assert self.forwarder is not None, "request before lifespan startup"
+        await self.forwarder.forward(scope, receive, send, body if body else None,
+                                     decision.candidates, record)
+
+    def _retry_after(self) -> int:
+        return max(1, round(min(self.settings.health.interval,
+                                self.settings.health.readmit_backoff)))
+
+    async def _models(self, scope: Scope, send: Send) -> None:
+        available = [s for s in self.replicas.states() if s.available]
+        if not available or self._session is None or self.forwarder is None:
+            raise NoReplicaAvailable("no healthy replica", retry_after=self._retry_after())
+        headers = self.forwarder.request_headers(scope["headers"])
+        timeout = aiohttp.ClientTimeout(total=self.settings.health.timeout * 5,
+                                        sock_connect=self.settings.proxy.connect_timeout)
+        session = self._session
+
+        async def fetch(url: str) -> list[Any] | None:
+            try:
+                async with session.get(url + "/v1/models", headers=headers, timeout=timeout,
+                                       allow_redirects=False) as resp:
+                    if resp.status != 200:
+                        return None
+                    data = (await resp.json(content_type=None)).get("data")
+                    return data if isinstance(data, list) else None
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError, AttributeError):
+                return None
+
+        results = await asyncio.gather(*(fetch(s.url) for s in available))
+        if all(r is None for r in results):
+            raise UpstreamError("no replica answered /v1/models")
+        seen: set[str] = set()
+        data: list[Any] = []
+        for models in results:
+            for m in models or ():
+                mid = m.get("id") if isinstance(m, dict) else None
+                if isinstance(mid, str) and mid not in seen:
+                    seen.add(mid)
+                    data.append(m)
+        await send_json(send, 200, {"object": "list", "data": data})
+
+
+def create_app(settings: Settings, *, discovery: Discovery | None = None) -> RouterApp:
+    return RouterApp(settings, discovery=discovery)
+
+
+def app_factory() -> RouterApp:
+    """uvicorn factory for worker processes: settings come from `SETTINGS_ENV`."""
+    return create_app(settings_from_env())
+
+
+__all__ = ["ClientGone", "RouterApp", "app_factory", "create_app", "read_body", "validate_body"]

@@ -1,0 +1,224 @@
+"""Replica health (active probes + passive ejection) and the vLLM load scrape.
+
+Ejection: a replica is ejected after `health.eject_after` *consecutive* failures, counting both
+what the proxy saw (connect error, 5xx, timeout: `record_failure`) and failed active probes
+(`GET /health` every `health.interval`). Any success resets the count. An ejected replica is
+probed again after its backoff; a successful probe re-admits it, a failed one doubles the backoff
+(from `readmit_backoff` up to `readmit_backoff_max`). The backoff level is kept across a quick
+re-ejection (flapping) and only resets once the replica stayed admitted for `readmit_backoff_max`.
+
+Scrape: `GET /metrics` of each replica every `scrape.interval`; `vllm:num_requests_running` and
+`vllm:num_requests_waiting` are summed over label sets, `vllm:kv_cache_usage_perc` (or the older
+`vllm:gpu_cache_usage_perc`) takes the max over label sets so it stays a fraction. A failed scrape
+zeroes the scraped load so the policy falls back to this router's own in-flight count; it never
+ejects (a replica may run without metrics).
+
+Loops are plain coroutines (`run_probes`, `run_scrapes`) that the app's lifespan starts and
+cancels; constructing a HealthMonitor starts nothing. Each tick costs one request per replica,
+made concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import aiohttp
+
+from router.metrics import RouterMetrics
+from router.settings import HealthSettings, ScrapeSettings
+
+log = logging.getLogger("prefix_router.health")
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+
+
+class Replica(Protocol):
+    name: str
+    url: str
+    healthy: bool
+    draining: bool
+    running: float
+    waiting: float
+    kv_usage: float
+
+
+class Replicas(Protocol):
+    def states(self) -> Iterable[Replica]: ...
+
+
+@dataclass(frozen=True)
+class VllmLoad:
+    running: float
+    waiting: float
+    kv_usage: float
+
+
+def parse_vllm_metrics(text: str) -> VllmLoad:
+    """The three load gauges from a Prometheus text exposition (absent gauges read as 0)."""
+    running = waiting = kv = 0.0
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        brace = line.find("{")
+        space = line.find(" ")
+        if brace != -1 and (space == -1 or brace < space):
+            name = line[:brace]
+            rest = line[line.rfind("}") + 1:]
+        else:
+            name, rest = line[:space], line[space:]
+        if name != RUNNING and name != WAITING and name not in KV_USAGE:
+            continue
+        try:
+            value = float(rest.split()[0])
+        except (IndexError, ValueError):
+            continue
+        if value != value:  # NaN
+            continue
+        if name == RUNNING:
+            running += value
+        elif name == WAITING:
+            waiting += value
+        else:
+            kv = max(kv, value)
+    return VllmLoad(running, waiting, kv)
+
+
+@dataclass
+class _Track:
+    failures: int = 0
+    backoff: float = 0.0
+    next_probe: float = 0.0
+    admitted_at: float = 0.0
+
+
+class HealthMonitor:
+    def __init__(self, health: HealthSettings, scrape: ScrapeSettings, replicas: Replicas,
+                 metrics: RouterMetrics, on_change: Callable[[], None] = lambda: None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.health = health
+        self.scrape = scrape
+        self.replicas = replicas
+        self.metrics = metrics
+        self.on_change = on_change
+        self.clock = clock
+        self._track: dict[str, _Track] = {}
+
+    def _get(self, name: str) -> _Track:
+        t = self._track.get(name)
+        if t is None:
+            t = self._track[name] = _Track(backoff=self.health.readmit_backoff)
+        return t
+
+    # passive ---------------------------------------------------------------------------------
+
+    def record_success(self, replica: Replica) -> None:
+        t = self._track.get(replica.name)
+        if t is not None and t.failures:
+            t.failures = 0
+
+    def record_failure(self, replica: Replica, reason: str) -> None:
+        t = self._get(replica.name)
+        t.failures += 1
+        if replica.healthy and t.failures >= self.health.eject_after:
+            self.eject(replica, reason)
+
+    def eject(self, replica: Replica, reason: str) -> None:
+        t = self._get(replica.name)
+        now = self.clock()
+        if t.admitted_at and now - t.admitted_at >= self.health.readmit_backoff_max:
+            t.backoff = self.health.readmit_backoff
+        replica.healthy = False
+        t.next_probe = now + t.backoff
+        self.metrics.ejection(replica.name, reason)
+        log.warning("ejected replica %s (%s); next probe in %.1fs", replica.name, reason, t.backoff)
+        self.on_change()
+
+    def _readmit(self, replica: Replica) -> None:
+        t = self._get(replica.name)
+        replica.healthy = True
+        t.failures = 0
+        t.admitted_at = self.clock()
+        log.info("re-admitted replica %s", replica.name)
+        self.on_change()
+
+    def _probe_failed_while_ejected(self, replica: Replica) -> None:
+        t = self._get(replica.name)
+        t.backoff = min(t.backoff * 2, self.health.readmit_backoff_max)
+        t.next_probe = self.clock() + t.backoff
+
+    # active ----------------------------------------------------------------------------------
+
+    def due(self, replica: Replica, now: float) -> bool:
+        return now >= self._get(replica.name).next_probe
+
+    async def probe(self, session: aiohttp.ClientSession, replica: Replica) -> bool:
+        try:
+            async with session.get(replica.url + "/health", allow_redirects=False,
+                                   timeout=aiohttp.ClientTimeout(total=self.health.timeout)) as r:
+                await r.read()
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+
+    async def probe_once(self, session: aiohttp.ClientSession) -> None:
+        now = self.clock()
+        due = [r for r in self.replicas.states() if self.due(r, now)]
+        results = await asyncio.gather(*(self.probe(session, r) for r in due))
+        now = self.clock()
+        for replica, ok in zip(due, results, strict=True):
+            t = self._get(replica.name)
+            if replica.healthy:
+                t.next_probe = now + self.health.interval
+                if ok:
+                    t.failures = 0
+                else:
+                    self.record_failure(replica, "probe")
+            elif ok:
+                self._readmit(replica)
+                t.next_probe = now + self.health.interval
+            else:
+                self._probe_failed_while_ejected(replica)
+
+    async def run_probes(self, session: aiohttp.ClientSession) -> None:
+        tick = min(self.health.interval, self.health.readmit_backoff)
+        while True:
+            try:
+                await self.probe_once(session)
+            except Exception:  # a bug here must not silently stop health checking
+                log.exception("health probe tick failed")
+            await asyncio.sleep(tick)
+
+    # scrape ----------------------------------------------------------------------------------
+
+    async def scrape_one(self, session: aiohttp.ClientSession, replica: Replica) -> None:
+        load = VllmLoad(0.0, 0.0, 0.0)
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError):
+            async with session.get(replica.url + "/metrics", allow_redirects=False,
+                                   timeout=aiohttp.ClientTimeout(total=self.health.timeout)) as r:
+                if r.status == 200:
+                    load = parse_vllm_metrics(await r.text())
+        replica.running, replica.waiting, replica.kv_usage = load.running, load.waiting, load.kv_usage
+
+    async def scrape_once(self, session: aiohttp.ClientSession) -> None:
+        await asyncio.gather(*(self.scrape_one(session, r) for r in self.replicas.states()))
+
+    async def run_scrapes(self, session: aiohttp.ClientSession) -> None:
+        while True:
+            try:
+                await self.scrape_once(session)
+            except Exception:
+                log.exception("metrics scrape tick failed")
+            await asyncio.sleep(self.scrape.interval)
+
+    def forget(self, names: Iterable[str]) -> None:
+        """Drop tracking of replicas that left membership."""
+        for name in names:
+            self._track.pop(name, None)

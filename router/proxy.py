@@ -1,0 +1,292 @@
+"""Forward one request to a replica and relay the response; retry only before the first byte.
+
+Algorithm for a request whose policy Decision lists candidates c0, c1, ...:
+
+1. For each of the first `proxy.max_attempts` candidates that is still available: send the raw
+   body bytes (never re-serialised) with the request headers minus hop-by-hop ones, through the
+   shared aiohttp ClientSession (keep-alive pool, one per app).
+2. A connect failure, or a 502/503 answer while another candidate remains, moves on to the next
+   candidate (`retries_total{replica,reason}`); the failed replica's passive-health count goes up.
+   Nothing has been sent to the client yet at that point - that is the retry invariant.
+3. Otherwise the response is relayed: status and headers (hop-by-hop dropped, `x-prefix-router-
+   replica` added) once the first body chunk arrived, then every chunk as it arrives
+   (`readany`, no buffering). From here on nothing is retried: an upstream failure or idle timeout
+   ends an SSE stream with `data: {"error": ...}` and a non-SSE body by aborting the connection.
+
+Timeouts: `connect_timeout` for the TCP connect; `first_byte_timeout` for response headers and the
+first body chunk; `idle_timeout` between later chunks (aiohttp's per-read timer is switched after
+the first chunk, so no extra timer per chunk).
+
+Client disconnect: `receive()` is awaited in a watcher task while the upstream exchange runs; on
+`http.disconnect` the watcher cancels the request task, which closes (not releases) the upstream
+connection so vLLM sees the disconnect and aborts generation. A disconnect is never retried.
+
+In-flight accounting: `ReplicaState.in_flight` and `prefix_router_in_flight` go up at dispatch
+and down in a `finally` when the attempt ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from router.accesslog import CLIENT_CLOSED, AccessRecord
+from router.errors import (
+    NoReplicaAvailable,
+    UpstreamConnectError,
+    UpstreamError,
+    sse_error_event,
+    translate_upstream,
+)
+from router.health import HealthMonitor
+from router.metrics import RouterMetrics
+from router.replicas import ReplicaSet, ReplicaState
+from router.settings import ProxySettings
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate",
+                        b"proxy-authorization", b"proxy-connection", b"te", b"trailer",
+                        b"transfer-encoding", b"upgrade"})
+# Not hop-by-hop, but recomputed by the client library from the URL / body it sends.
+_REQUEST_RECOMPUTED = frozenset({b"host", b"content-length"})
+RETRY_STATUSES = frozenset({502, 503})
+REPLICA_HEADER = b"x-prefix-router-replica"
+_URL_CACHE_MAX = 4096
+
+
+def strip_hop_by_hop(headers: Iterable[tuple[bytes, bytes]],
+                     also: frozenset[bytes] = frozenset()) -> list[tuple[bytes, bytes]]:
+    """Headers minus hop-by-hop ones: the fixed set, proxy-*, and any named in Connection.
+
+    Names must be lowercase (ASGI guarantees it for requests; responses are lowered here).
+    """
+    headers = list(headers)
+    named: set[bytes] = set()
+    for name, value in headers:
+        if name.lower() == b"connection":
+            named.update(t.strip().lower() for t in value.split(b","))
+    out = []
+    for name, value in headers:
+        lname = name.lower()
+        if lname in HOP_BY_HOP or lname in also or lname in named or lname.startswith(b"proxy-"):
+            continue
+        out.append((lname, value))
+    return out
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """What the proxy needs from the app, set up in the lifespan."""
+
+    session: aiohttp.ClientSession
+    replicas: ReplicaSet
+    health: HealthMonitor
+    metrics: RouterMetrics
+    settings: ProxySettings
+    upstream_auth: tuple[bytes, bytes] | None = None
+
+
+def make_session(settings: ProxySettings) -> aiohttp.ClientSession:
+    """The hot-path client: one pool per app, keep-alive shorter than uvicorn's 5 s default so a
+    pooled connection is never reused just as vLLM closes it."""
+    connector = aiohttp.TCPConnector(limit=settings.max_in_flight + 16,
+                                     limit_per_host=settings.max_in_flight,
+                                     keepalive_timeout=4.0, ttl_dns_cache=10)
+    return aiohttp.ClientSession(connector=connector, auto_decompress=False,
+                                 skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
+                                 timeout=aiohttp.ClientTimeout(total=None),
+                                 cookie_jar=aiohttp.DummyCookieJar())
+
+
+class Forwarder:
+    def __init__(self, up: Upstream) -> None:
+        self.up = up
+        s = up.settings
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=s.connect_timeout,
+                                              sock_read=s.first_byte_timeout)
+        self._urls: dict[tuple[str, bytes, bytes], URL] = {}
+
+    def _url(self, base: str, raw_path: bytes, query: bytes) -> URL:
+        k = (base, raw_path, query)
+        url = self._urls.get(k)
+        if url is None:
+            if len(self._urls) >= _URL_CACHE_MAX:
+                self._urls.clear()
+            text = base + raw_path.decode("latin-1") + ("?" + query.decode("latin-1") if query
+                                                        else "")
+            url = self._urls[k] = URL(text, encoded=True)
+        return url
+
+    def request_headers(self, scope_headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+        headers = strip_hop_by_hop(scope_headers, _REQUEST_RECOMPUTED)
+        auth = self.up.upstream_auth
+        if auth is not None:
+            headers = [h for h in headers if h[0] != b"authorization"]
+            headers.append(auth)
+        return [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers]
+
+    async def forward(self, scope: Scope, receive: Receive, send: Send, body: bytes | None,
+                      candidates: Iterable[str], record: AccessRecord) -> None:
+        """Proxy with retries; watches for client disconnect. Raises RouterError before any
+        byte was sent (the caller answers it); returns once the response ended."""
+        task = asyncio.current_task()
+        assert task is not None
+        state = {"done": False, "gone": False}
+
+        def on_message(fut: asyncio.Future[Message]) -> None:
+            if fut.cancelled() or state["done"]:
+                return
+            if fut.exception() is None and fut.result().get("type") == "http.disconnect":
+                state["gone"] = True
+                task.cancel()
+
+        watcher = asyncio.ensure_future(receive())
+        watcher.add_done_callback(on_message)
+        try:
+            await self._attempts(scope, send, body, candidates, record)
+        except asyncio.CancelledError:
+            if not state["gone"]:
+                raise
+            task.uncancel()
+            record.status = CLIENT_CLOSED
+        finally:
+            state["done"] = True
+            watcher.remove_done_callback(on_message)
+            watcher.cancel()
+
+    async def _attempts(self, scope: Scope, send: Send, body: bytes | None,
+                        candidates: Iterable[str], record: AccessRecord) -> None:
+        up = self.up
+        headers = self.request_headers(scope["headers"])
+        method = scope["method"]
+        raw_path = scope.get("raw_path") or scope["path"].encode()
+        query = scope.get("query_string", b"")
+        max_attempts = up.settings.max_attempts
+        tried = 0
+        for name in candidates:
+            replica = up.replicas.get(name)
+            if replica is None or (tried and not replica.available):
+                continue
+            tried += 1
+            last = tried >= max_attempts
+            record.replica, record.attempts = name, tried
+            url = self._url(replica.url, raw_path, query)
+            try:
+                retry_reason = await self._one(replica, method, url, headers, body, send,
+                                               record, last)
+            except UpstreamConnectError as exc:
+                if last:
+                    raise NoReplicaAvailable("no replica reachable", retry_after=1) from exc
+                retry_reason = "connect"
+            if retry_reason is None:
+                return
+            up.metrics.retry(name, retry_reason)
+            if last:
+                break
+        raise NoReplicaAvailable("no replica reachable", retry_after=1)
+
+    async def _one(self, replica: ReplicaState, method: str, url: URL,
+                   headers: list[tuple[str, str]], body: bytes | None, send: Send,
+                   record: AccessRecord, last: bool) -> str | None:
+        """One attempt. Returns a retry reason, or None once the response was relayed."""
+        up = self.up
+        name = replica.name
+        replica.in_flight += 1
+        up.metrics.dispatched(name)
+        t0 = time.perf_counter()
+        ttfb: float | None = None
+        status = CLIENT_CLOSED  # what the metric says if we are cancelled before knowing better
+        resp: aiohttp.ClientResponse | None = None
+        try:
+            try:
+                with translate_upstream(name, "connect/headers"):
+                    resp = await up.session.request(method, url, data=body, headers=headers,
+                                                    timeout=self._timeout, allow_redirects=False)
+            except UpstreamError as exc:
+                status = exc.status
+                up.health.record_failure(replica, exc.reason)
+                raise
+            status = resp.status
+            if status in RETRY_STATUSES and not last:
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
+                    await resp.read()
+                up.health.record_failure(replica, "5xx")
+                return f"status_{status}"
+            try:
+                ttfb, broken = await self._relay(replica, resp, send, record, t0)
+            except UpstreamError as exc:
+                status = exc.status
+                up.health.record_failure(replica, exc.reason)
+                raise
+            if broken is not None:
+                up.health.record_failure(replica, broken)
+            elif status >= 500:
+                up.health.record_failure(replica, "5xx")
+            else:
+                up.health.record_success(replica)
+            return None
+        finally:
+            replica.in_flight -= 1
+            if resp is not None:
+                if resp.content.is_eof():
+                    resp.release()
+                else:  # half-read: never back to the pool; closing makes vLLM abort
+                    resp.close()
+            record.status = status
+            if ttfb is not None:
+                record.ttfb_ms = ttfb * 1000
+            up.metrics.finished(name, record.branch or "", status, ttfb, time.perf_counter() - t0)
+
+    async def _relay(self, replica: ReplicaState, resp: aiohttp.ClientResponse, send: Send,
+                     record: AccessRecord, t0: float) -> tuple[float, str | None]:
+        """Relay status, headers and body. Returns the time to the first body byte and, if the
+        upstream failed after the response started, the failure reason."""
+        headers = strip_hop_by_hop(resp.raw_headers)
+        if self.up.settings.replica_header:
+            headers.append((REPLICA_HEADER, replica.name.encode()))
+        content = resp.content
+        with translate_upstream(replica.name, "first byte"):
+            first = await content.readany()
+        ttfb = time.perf_counter() - t0
+        if not first or content.is_eof():
+            await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+            await send({"type": "http.response.body", "body": first})
+            record.bytes_out = len(first)
+            return ttfb, None
+        sse = resp.content_type == "text/event-stream"
+        proto = resp.connection.protocol if resp.connection is not None else None
+        if proto is not None:
+            proto.read_timeout = self.up.settings.idle_timeout
+        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+        await send({"type": "http.response.body", "body": first, "more_body": True})
+        sent = len(first)
+        try:
+            with translate_upstream(replica.name, "stream"):
+                while True:
+                    chunk = await content.readany()
+                    if not chunk:
+                        break
+                    sent += len(chunk)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except UpstreamError as exc:
+            record.bytes_out = sent
+            if sse:
+                await send({"type": "http.response.body", "body": sse_error_event(exc)})
+            # else: returning with the body unfinished makes uvicorn abort the connection,
+            # so the client sees a truncated response rather than a complete-looking one
+            return ttfb, exc.reason
+        record.bytes_out = sent
+        await send({"type": "http.response.body", "body": b""})
+        return ttfb, None
+
