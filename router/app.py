@@ -57,7 +57,7 @@ from router.metrics import RouterMetrics
 from router.policy import Branch, make_policy
 from router.proxy import Forwarder, Receive, Scope, Send, Upstream, make_session
 from router.replicas import EndpointLike, ReplicaSet
-from router.settings import Settings, settings_from_env
+from router.settings import RoutingSettings, Settings, settings_from_env
 
 log = logging.getLogger("prefix_router")
 
@@ -76,6 +76,11 @@ _REJECT_REASONS = {400: "invalid_request", 401: "unauthorized", 404: "not_found"
                    503: "no_replica", 504: "upstream_timeout"}
 _JSON = [(b"content-type", b"application/json")]
 _TEXT = [(b"content-type", b"text/plain; charset=utf-8")]
+
+
+def key_config(r: RoutingSettings) -> KeyConfig:
+    return KeyConfig(min_prefix_chars=r.min_prefix_chars, max_prefix_chars=r.max_prefix_chars,
+                     key_header=r.key_header, session_header=r.session_header)
 
 
 class ClientGone(Exception):
@@ -167,9 +172,7 @@ class RouterApp:
         self.metrics = RouterMetrics()
         self.replicas = ReplicaSet((), ring_kind=r.ring, vnodes=r.virtual_nodes)
         self.policy = make_policy(r.policy, r.load_factor)
-        self.key_config = KeyConfig(min_prefix_chars=r.min_prefix_chars,
-                                    max_prefix_chars=r.max_prefix_chars,
-                                    key_header=r.key_header, session_header=r.session_header)
+        self.key_config = key_config(r)
         self._key_headers = (self.key_config.key_header.encode(),
                              self.key_config.session_header.encode())
         self.health = HealthMonitor(settings.health, settings.scrape, self.replicas,
@@ -417,4 +420,5 @@ def app_factory() -> RouterApp:
     return create_app(settings_from_env())
 
 
-__all__ = ["ClientGone", "RouterApp", "app_factory", "create_app", "read_body", "validate_body"]
+__all__ = ["ClientGone", "RouterApp", "app_factory", "create_app", "key_config", "read_body",
+           "validate_body"]
