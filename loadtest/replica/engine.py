@@ -1,0 +1,407 @@
+"""The simulated engine: vLLM V1-style continuous batching over a prefix-cached KV block pool.
+
+One asyncio task per replica runs the scheduler loop. Each iteration is one engine step:
+
+1. Running requests, oldest first: a request still prefilling gets its next chunk (bounded by the
+   step's token budget, ``max_num_batched_tokens``); a decoding request gets one token, after its
+   KV allocation grows by a slot. If the pool is out of blocks the *newest* running request is
+   preempted (recompute mode: blocks freed, progress reset, back to the head of the queue;
+   ``preemptions`` counted) until the grow succeeds.
+2. If nothing was preempted, waiting requests are admitted FIFO while fewer than ``max_num_seqs``
+   run and budget remains. Admission pins the cached prefix and allocates the rest of the prompt
+   (``PrefixCache.allocate``); the head of the queue waits when the pool cannot hold it
+   (head-of-line, as vLLM). Hits and queries are counted in tokens on a request's first admission.
+3. The step sleeps for ``TimingModel.step_seconds(prefill tokens, decoding seqs)``; then every
+   request whose scheduled tokens complete its prompt (or its decode slot) emits one token,
+   registers its newly full blocks in the cache, and finishes at ``max_tokens``.
+
+Invariants: a running request's blocks are pinned (refcount > 0) until it finishes, is preempted
+or aborted; cached tokens are never scheduled, so prefill time is proportional to uncached tokens;
+an aborted request leaves the queue or frees its blocks at once (its computed full blocks stay
+cached, as in vLLM). With ``preempt=False`` a request reserves ``prompt + max_tokens`` slots at
+admission and is never preempted. Cost per step: O(running + admitted) plus hashing each newly
+filled block once.
+
+``Engine.serve_instant`` is the no-timing path: allocate, count, cache, free, all at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from templates_audit.blocks import Allocation, PrefixCache, block_hashes
+
+from .timing import TimingModel
+
+
+class EngineError(ValueError):
+    """A request the engine can never serve (too long for the model or the KV pool)."""
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    request_id: str
+    prompt_ids: Sequence[int]
+    max_tokens: int
+    output_ids: Sequence[int] = ()   # ids of the text the request will return (cached on finish)
+    prompt_hashes: Sequence[int] | None = None   # full-block hashes of prompt_ids, if known
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_reason: str = "length"
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    block_size: int = 16
+    kv_blocks: int | None = 8192
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 32768
+    preempt: bool = True
+
+
+class Observer(Protocol):
+    """Where the engine reports latencies (the metrics module); seconds of wall time."""
+
+    def first_token(self, seconds: float) -> None: ...
+
+    def finished(self, seconds: float, reason: str) -> None: ...
+
+
+class _NullObserver:
+    def first_token(self, seconds: float) -> None:
+        pass
+
+    def finished(self, seconds: float, reason: str) -> None:
+        pass
+
+
+@dataclass(eq=False)
+class _Seq:
+    req: EngineRequest
+    arrival: float
+    ids: list[int]                  # prompt ids, then generated ids as they are produced
+    hashes: list[int]               # full-block hashes of ids, extended lazily
+    prompt_len: int
+    generated: int = 0
+    computed: int = 0               # tokens whose KV is computed
+    alloc: Allocation | None = None
+    admitted: bool = False          # hits/queries counted (first admission only)
+    prefilled: bool = False         # reached decode since the last (re)admission
+    cached_tokens: int = 0
+    done: bool = False
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + self.generated
+
+
+@dataclass
+class EngineStats:
+    """Plain counters (tokens unless named otherwise) that /metrics and /admin/stats read."""
+
+    queries: int = 0    # vllm:prefix_cache_queries: prompt tokens of admitted requests
+    hits: int = 0       # vllm:prefix_cache_hits: their tokens found in the cache
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    preemptions: int = 0
+    aborts: int = 0     # requests dropped from the queue or the batch by abort()
+    finished: int = 0
+    steps: int = 0
+
+
+@dataclass(frozen=True)
+class _Plan:
+    chunks: list[tuple[_Seq, int]]   # (request, tokens computed this step)
+    prefill_tokens: int
+    decoding: int
+
+
+class RequestHandle:
+    """A submitted request: iterate `tokens()` for token indices as they are produced."""
+
+    def __init__(self, engine: Engine, seq: _Seq) -> None:
+        self._engine = engine
+        self._seq = seq
+
+    @property
+    def request_id(self) -> str:
+        return self._seq.req.request_id
+
+    @property
+    def done(self) -> bool:
+        return self._seq.done
+
+    @property
+    def usage(self) -> Usage:
+        s = self._seq
+        return Usage(s.prompt_len, s.generated, s.cached_tokens)
+
+    async def tokens(self) -> AsyncIterator[int]:
+        sent = 0
+        seq = self._seq
+        while True:
+            await seq.changed.wait()
+            seq.changed.clear()
+            while sent < seq.generated:
+                yield sent
+                sent += 1
+            if seq.done:
+                return
+
+    async def wait(self) -> Usage:
+        async for _ in self.tokens():
+            pass
+        return self.usage
+
+    def abort(self) -> bool:
+        return self._engine.abort(self._seq)
+
+
+class Engine:
+    def __init__(self, limits: EngineLimits, timing: TimingModel,
+                 observer: Observer | None = None) -> None:
+        self.limits = limits
+        self.timing = timing
+        self.cache = PrefixCache(limits.kv_blocks, limits.block_size)
+        self.observer: Observer = observer or _NullObserver()
+        self.stats = EngineStats()
+        self.slow = 1.0   # fault injection: multiplies every step's duration
+        self.waiting: deque[_Seq] = deque()
+        self.running: list[_Seq] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._ids = itertools.count()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="engine")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    # -- requests --------------------------------------------------------------------------------
+    def _check(self, req: EngineRequest) -> None:
+        total = len(req.prompt_ids) + req.max_tokens
+        if not req.prompt_ids:
+            raise EngineError("the prompt is empty")
+        if total > self.limits.max_model_len:
+            raise EngineError(
+                f"This model's maximum context length is {self.limits.max_model_len} tokens. "
+                f"However, you requested {total} tokens ({len(req.prompt_ids)} in the messages, "
+                f"{req.max_tokens} in the completion).")
+        kv = self.limits.kv_blocks
+        if kv is not None and self.cache.blocks_for(total) > kv:
+            raise EngineError(f"the request needs {total} tokens of KV cache; "
+                              f"the replica holds {kv * self.limits.block_size}")
+
+    def _new_seq(self, req: EngineRequest) -> _Seq:
+        self._check(req)
+        hashes = (list(req.prompt_hashes) if req.prompt_hashes is not None
+                  else block_hashes(req.prompt_ids, self.limits.block_size))
+        loop = asyncio.get_running_loop()
+        return _Seq(req=req, arrival=loop.time(), ids=list(req.prompt_ids), hashes=hashes,
+                    prompt_len=len(req.prompt_ids))
+
+    def submit(self, req: EngineRequest) -> RequestHandle:
+        seq = self._new_seq(req)
+        self.waiting.append(seq)
+        self._wake.set()
+        return RequestHandle(self, seq)
+
+    def serve_instant(self, req: EngineRequest) -> Usage:
+        """No timing: admit, count, generate, cache and free in one call."""
+        seq = self._new_seq(req)
+        seq.generated = req.max_tokens
+        self._extend_ids(seq)
+        capped = seq.hashes[: (seq.prompt_len - 1) // self.limits.block_size]
+        alloc = self.cache.allocate(capped, seq.num_tokens, record=False)
+        if alloc is None:  # only concurrent timed requests could pin blocks; count anyway
+            hit = self.cache.cached_prefix_tokens(capped, seq.prompt_len)
+        else:
+            hit = alloc.hit_tokens
+            self.cache.cache_full_blocks(alloc, self._hashes_upto(seq, seq.num_tokens))
+            self.cache.free(alloc)
+        self.stats.queries += seq.prompt_len
+        self.stats.hits += hit
+        self.stats.prompt_tokens += seq.prompt_len
+        self.stats.generation_tokens += seq.generated
+        self.stats.finished += 1
+        return Usage(seq.prompt_len, seq.generated, hit)
+
+    def abort(self, seq: _Seq) -> bool:
+        """Drop a request (client went away). False when it had already finished."""
+        if seq.done:
+            return False
+        seq.done = True
+        if seq.alloc is not None:
+            self._release(seq)
+            self.running.remove(seq)
+        else:
+            try:
+                self.waiting.remove(seq)
+            except ValueError:
+                pass
+        self.stats.aborts += 1
+        seq.changed.set()
+        return True
+
+    @property
+    def kv_usage(self) -> float:
+        return self.cache.usage
+
+    def request_ids(self) -> dict[str, list[str]]:
+        return {"running": [s.req.request_id for s in self.running],
+                "waiting": [s.req.request_id for s in self.waiting]}
+
+    # -- block bookkeeping -----------------------------------------------------------------------
+    def _extend_ids(self, seq: _Seq) -> None:
+        out = seq.req.output_ids
+        need = seq.num_tokens - len(seq.ids)
+        if need > 0:
+            start = len(seq.ids) - seq.prompt_len
+            new = list(out[start:start + need])
+            # Padding keeps block hashes defined when the text tokenised shorter than max_tokens.
+            new += [0] * (need - len(new))
+            seq.ids.extend(new)
+
+    def _hashes_upto(self, seq: _Seq, num_tokens: int) -> list[int]:
+        bs = self.limits.block_size
+        full = num_tokens // bs
+        if len(seq.hashes) < full:
+            start = len(seq.hashes) * bs
+            parent = seq.hashes[-1] if seq.hashes else None
+            seq.hashes.extend(block_hashes(seq.ids[start:full * bs], bs, parent=parent))
+        return seq.hashes
+
+    def _release(self, seq: _Seq) -> None:
+        alloc = seq.alloc
+        assert alloc is not None
+        self.cache.cache_full_blocks(alloc, self._hashes_upto(seq, seq.computed)[
+            : seq.computed // self.limits.block_size])
+        self.cache.free(alloc)
+        seq.alloc = None
+
+    def _preempt(self, seq: _Seq) -> None:
+        self._release(seq)
+        self.running.remove(seq)
+        seq.computed = 0
+        seq.prefilled = False
+        self.waiting.appendleft(seq)
+        self.stats.preemptions += 1
+
+    # -- scheduling ------------------------------------------------------------------------------
+    def _schedule(self) -> _Plan:
+        lim = self.limits
+        budget = lim.max_num_batched_tokens
+        chunks: list[tuple[_Seq, int]] = []
+        prefill = decoding = 0
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            todo = seq.num_tokens - seq.computed
+            assert seq.alloc is not None
+            if lim.preempt and seq.alloc.num_tokens < seq.num_tokens:
+                while not self.cache.extend(seq.alloc, seq.num_tokens):
+                    victim = self.running[-1]
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is seq:
+                        break
+                if seq.alloc is None:
+                    continue  # preempted itself; it was the last one running
+            n = min(todo, budget)
+            chunks.append((seq, n))
+            budget -= n
+            if seq.prefilled:
+                decoding += 1
+            else:
+                prefill += n
+            i += 1
+        while (self.waiting and not preempted and budget > 0
+               and len(self.running) < lim.max_num_seqs):
+            seq = self.waiting[0]
+            self._hashes_upto(seq, seq.num_tokens)
+            reserve = seq.num_tokens if lim.preempt else seq.prompt_len + seq.req.max_tokens
+            # vLLM recomputes at least one token: the hit is capped below num_tokens.
+            capped = seq.hashes[: (seq.num_tokens - 1) // lim.block_size]
+            alloc = self.cache.allocate(capped, reserve, record=False)
+            if alloc is None:
+                break
+            self.waiting.popleft()
+            seq.alloc = alloc
+            seq.computed = hit = alloc.hit_tokens
+            if not seq.admitted:
+                seq.admitted = True
+                seq.cached_tokens = hit
+                self.stats.queries += seq.prompt_len
+                self.stats.hits += hit
+                self.stats.prompt_tokens += seq.prompt_len
+            self.running.append(seq)
+            n = min(seq.num_tokens - hit, budget)
+            chunks.append((seq, n))
+            budget -= n
+            prefill += n
+        return _Plan(chunks, prefill, decoding)
+
+    def _apply(self, plan: _Plan, now: float) -> None:
+        for seq, n in plan.chunks:
+            if seq.done or seq.alloc is None:
+                continue  # aborted or preempted while the step ran
+            seq.computed += n
+            if seq.computed < seq.num_tokens:
+                continue  # prefill continues next step
+            if not seq.prefilled:
+                seq.prefilled = True
+            seq.generated += 1
+            self.stats.generation_tokens += 1
+            self._extend_ids(seq)
+            if seq.generated == 1:
+                self.observer.first_token(now - seq.arrival)
+            self.cache.cache_full_blocks(seq.alloc, self._hashes_upto(seq, seq.computed)[
+                : seq.computed // self.limits.block_size])
+            if seq.generated >= seq.req.max_tokens:
+                seq.computed = seq.num_tokens  # the last token's KV is never needed
+                self._release(seq)
+                self.running.remove(seq)
+                seq.done = True
+                self.stats.finished += 1
+                self.observer.finished(now - seq.arrival, "length")
+            seq.changed.set()
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self.running and not self.waiting:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            plan = self._schedule()
+            if not plan.chunks:
+                # Nothing fits (cannot happen for requests that passed _check); wait for change.
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self.stats.steps += 1
+            await asyncio.sleep(self.timing.step_seconds(plan.prefill_tokens, plan.decoding,
+                                                         self.slow))
+            self._apply(plan, loop.time())

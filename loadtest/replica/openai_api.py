@@ -1,0 +1,163 @@
+"""OpenAI request parsing and response shapes, as vLLM's OpenAI server emits them. Pure.
+
+`parse_chat` / `parse_completion` validate a request body into a `Job` (what to tokenise and how
+to answer); the `*_response` and `*_chunk` functions build the JSON objects. Errors are
+`ApiError(status, message)` and render as vLLM's error object. A chat prompt is the chat
+template's rendering of the messages; a completion prompt is the raw string (or token ids),
+tokenised without a template.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class Kind(StrEnum):
+    CHAT = "chat"
+    COMPLETION = "completion"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+
+    def body(self) -> dict[str, Any]:
+        return {"object": "error", "message": self.message, "type": self.type, "param": None,
+                "code": self.status}
+
+
+@dataclass(frozen=True)
+class Job:
+    kind: Kind
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    messages: tuple[Mapping[str, Any], ...] = ()
+    tools: tuple[Mapping[str, Any], ...] | None = None
+    template_kwargs: Mapping[str, Any] | None = None
+    prompt_text: str | None = None
+    prompt_ids: tuple[int, ...] | None = None
+
+
+def _common(body: Any, default_max_tokens: int) -> tuple[int, bool, bool]:
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    max_tokens = body.get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = body.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = default_max_tokens
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise ApiError(400, f"max_tokens must be a positive integer, got {max_tokens!r}")
+    stream = bool(body.get("stream", False))
+    opts = body.get("stream_options") or {}
+    include_usage = bool(stream and isinstance(opts, dict) and opts.get("include_usage"))
+    return max_tokens, stream, include_usage
+
+
+def parse_chat(body: Any, default_max_tokens: int) -> Job:
+    max_tokens, stream, include_usage = _common(body, default_max_tokens)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and "role" in m for m in messages):
+        raise ApiError(400, "messages must be a non-empty list of {role, content} objects")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise ApiError(400, "tools must be a list")
+    kwargs = body.get("chat_template_kwargs")
+    return Job(Kind.CHAT, max_tokens, stream, include_usage, messages=tuple(messages),
+               tools=tuple(tools) if tools else None,
+               template_kwargs=kwargs if isinstance(kwargs, dict) else None)
+
+
+def parse_completion(body: Any, default_max_tokens: int) -> Job:
+    max_tokens, stream, include_usage = _common(body, default_max_tokens)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return Job(Kind.COMPLETION, max_tokens, stream, include_usage, prompt_text=prompt)
+    if (isinstance(prompt, list) and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+        return Job(Kind.COMPLETION, max_tokens, stream, include_usage, prompt_ids=tuple(prompt))
+    raise ApiError(400, "prompt must be a string or a list of token ids (batches are not "
+                        "supported by the simulator)")
+
+
+def usage_json(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """The fields every response and chunk of one request shares."""
+
+    id: str
+    created: int
+    model: str
+    fingerprint: str
+
+    def head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint}
+
+
+def full_response(kind: Kind, env: Envelope, text: str, finish_reason: str,
+                  usage: dict[str, Any]) -> dict[str, Any]:
+    if kind is Kind.CHAT:
+        out = env.head("chat.completion")
+        out["choices"] = [{"index": 0, "message": {"role": "assistant", "content": text,
+                                                   "tool_calls": []},
+                           "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}]
+    else:
+        out = env.head("text_completion")
+        out["choices"] = [{"index": 0, "text": text, "logprobs": None,
+                           "finish_reason": finish_reason, "stop_reason": None}]
+    out["usage"] = usage
+    return out
+
+
+def chunk(kind: Kind, env: Envelope, text: str | None, finish_reason: str | None = None,
+          *, role: bool = False) -> dict[str, Any]:
+    """One stream chunk: `role` opens a chat stream, `finish_reason` closes the choice."""
+    if kind is Kind.CHAT:
+        out = env.head("chat.completion.chunk")
+        delta: dict[str, Any] = {}
+        if role:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
+                                  "finish_reason": finish_reason}
+    else:
+        out = env.head("text_completion")
+        choice = {"index": 0, "text": text or "", "logprobs": None,
+                  "finish_reason": finish_reason}
+    out["choices"] = [choice]
+    return out
+
+
+def usage_chunk(kind: Kind, env: Envelope, usage: dict[str, Any]) -> dict[str, Any]:
+    out = env.head("chat.completion.chunk" if kind is Kind.CHAT else "text_completion")
+    out["choices"] = []
+    out["usage"] = usage
+    return out
+
+
+def models_response(model: str, root: str, max_model_len: int, created: int) -> dict[str, Any]:
+    return {"object": "list", "data": [{
+        "id": model, "object": "model", "created": created, "owned_by": "vllm", "root": root,
+        "parent": None, "max_model_len": max_model_len, "permission": []}]}
+
+
+def messages_of(body: Mapping[str, Any]) -> Sequence[Mapping[str, Any]] | None:
+    msgs = body.get("messages")
+    return msgs if isinstance(msgs, list) else None

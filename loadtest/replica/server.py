@@ -1,0 +1,392 @@
+"""The simulated vLLM replica as an ASGI app (`Replica`).
+
+Per inference request: count it, draw a fault verdict, parse, render the chat template (chat
+only), tokenise, then either serve it at once (``--instant``) or submit it to the engine and relay
+its tokens. The response is vLLM's shape (OpenAI chunks over SSE ending with ``data: [DONE]``,
+``usage.prompt_tokens_details.cached_tokens``) and carries the replica name in the
+``x-replica-name`` header, the ``id`` and ``system_fingerprint``. A client that disconnects
+aborts its request in the engine (queue slot or KV blocks released at once).
+
+Routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/health``, ``/metrics``,
+``/tokenize``, ``/version``, sglang-router's ``/server_info`` and ``/model_info`` (also under
+``/get_*``), and the loopback-only ``/admin/*`` (see `admin`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from templates_audit.render import ChatRenderer, TemplateError
+from templates_audit.tokenize import HFTokenizer, Tokenizer, load_tokenizer
+
+from . import admin, openai_api
+from .asgi import (
+    AbruptClose,
+    BodyTooLarge,
+    ClientGone,
+    Receive,
+    Scope,
+    Send,
+    dumps,
+    parse_json,
+    race_disconnect,
+    read_body,
+    send_bytes,
+    send_json,
+    wait_disconnect,
+)
+from .config import ReplicaConfig
+from .engine import Engine, EngineLimits, EngineRequest, RequestHandle, Usage
+from .faults import Action, Faults, FaultSpec
+from .metrics import CONTENT_TYPE, CacheConfig, ReplicaMetrics, Snapshot
+from .openai_api import ApiError, Envelope, Job, Kind
+from .text import completion_pieces, prompt_seed
+from .timing import TimingModel
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class Listener(Protocol):
+    """Control of the public listening socket (the refuse-connections fault)."""
+
+    def refuse(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class InFlight:
+    request_id: str
+    path: str
+    started: float
+
+
+def fault_spec_of(cfg: ReplicaConfig) -> FaultSpec:
+    return FaultSpec(error_rate=cfg.fault_error_rate, error_status=cfg.fault_error_status,
+                     hang_rate=cfg.fault_hang_rate, slow=cfg.fault_slow,
+                     stop_after=cfg.fault_stop_after, exit_after=cfg.fault_exit_after)
+
+
+def _renderer(cfg: ReplicaConfig, tokenizer: Tokenizer) -> ChatRenderer:
+    if cfg.chat_template:
+        return ChatRenderer.from_file(cfg.chat_template)
+    if isinstance(tokenizer, HFTokenizer):
+        source = tokenizer.chat_template()
+        if source:
+            return ChatRenderer(source)
+    return ChatRenderer()
+
+
+class Replica:
+    """State of one replica (engine, metrics, faults, counters) and its ASGI entry point."""
+
+    def __init__(self, config: ReplicaConfig, *, listener: Listener | None = None,
+                 exit_process: Callable[[int], None] = os._exit) -> None:
+        self.config = config
+        self.listener = listener
+        self.exit_process = exit_process
+        self.tokenizer = load_tokenizer(config.tokenizer)
+        self.renderer = _renderer(config, self.tokenizer)
+        self.metrics = ReplicaMetrics(
+            config.model, self.snapshot,
+            CacheConfig(block_size=config.block_size, num_gpu_blocks=config.kv_blocks))
+        self.engine = Engine(
+            EngineLimits(block_size=config.block_size, kv_blocks=config.kv_blocks,
+                         max_num_seqs=config.max_num_seqs,
+                         max_num_batched_tokens=config.max_num_batched_tokens,
+                         max_model_len=config.max_model_len, preempt=config.preempt),
+            TimingModel(step_ms=config.step_ms, prefill_us_per_token=config.prefill_us_per_token,
+                        decode_us_per_seq=config.decode_us_per_seq, speed=config.speed),
+            observer=self.metrics)
+        self.faults = Faults(fault_spec_of(config), seed=config.seed)
+        self.engine.slow = self.faults.spec.slow
+        self.requests = 0
+        self.hang_aborts = 0
+        self.in_flight: dict[str, InFlight] = {}
+        self.created = int(time.time())
+        self._seq = itertools.count()
+        self._reopen: asyncio.TimerHandle | None = None
+        self.model_path = config.model_path or (
+            os.path.dirname(os.path.abspath(config.tokenizer)) if config.tokenizer
+            and not os.path.isdir(config.tokenizer) else config.tokenizer) or config.model
+        self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Any]] = {
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/v1/completions"): self._completion,
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/health"): self._health,
+            ("GET", "/metrics"): self._metrics,
+            ("POST", "/tokenize"): self._tokenize,
+            ("GET", "/version"): self._version,
+            ("GET", "/server_info"): self._server_info,
+            ("GET", "/get_server_info"): self._server_info,
+            ("GET", "/model_info"): self._model_info,
+            ("GET", "/get_model_info"): self._model_info,
+        }
+        self._headers = [(b"x-replica-name", config.name.encode())]
+
+    # -- state -----------------------------------------------------------------------------------
+    @property
+    def aborts(self) -> int:
+        return self.engine.stats.aborts + self.hang_aborts
+
+    def snapshot(self) -> Snapshot:
+        e = self.engine
+        if self.config.instant:
+            running, waiting = len(self.in_flight), 0
+        else:
+            running, waiting = len(e.running), len(e.waiting)
+        st = e.stats
+        return Snapshot(running=running, waiting=waiting, kv_usage=e.kv_usage, queries=st.queries,
+                        hits=st.hits, prompt_tokens=st.prompt_tokens,
+                        generation_tokens=st.generation_tokens, preemptions=st.preemptions,
+                        finished=st.finished, aborts=self.aborts, requests=self.requests)
+
+    def set_faults(self, spec: FaultSpec) -> None:
+        self.faults.set(spec)
+        self.engine.slow = spec.slow
+        if self._reopen is not None:
+            self._reopen.cancel()
+            self._reopen = None
+        if self.listener is None:
+            return
+        if spec.refuse:
+            self.listener.refuse()
+            if spec.refuse_seconds is not None:
+                self._reopen = asyncio.get_running_loop().call_later(
+                    spec.refuse_seconds, self.set_faults, FaultSpec())
+        else:
+            self.listener.resume()
+
+    # -- ASGI ------------------------------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if kind != "http":
+            return
+        path = scope["path"]
+        if path.startswith("/admin/"):
+            await admin.handle(self, scope, receive, send)
+            return
+        route = self._routes.get((scope["method"], path))
+        if route is None:
+            status = 405 if any(p == path for _, p in self._routes) else 404
+            await self.send_error(send, ApiError(status, f"{scope['method']} {path} not found",
+                                                 "NotFoundError"))
+            return
+        if not self.config.instant:
+            self.engine.start()  # idempotent; covers servers run without lifespan
+        try:
+            await route(scope, receive, send)
+        except ClientGone:
+            pass
+        except BodyTooLarge:
+            await self.send_error(send, ApiError(413, "request body too large"))
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                if not self.config.instant:
+                    self.engine.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await self.engine.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def send_error(self, send: Send, err: ApiError) -> None:
+        await send_json(send, err.status, err.body(), self._headers)
+
+    async def send_json(self, send: Send, obj: Any, status: int = 200) -> None:
+        await send_json(send, status, obj, self._headers)
+
+    # -- inference -------------------------------------------------------------------------------
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._infer(Kind.CHAT, scope, receive, send)
+
+    async def _completion(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._infer(Kind.COMPLETION, scope, receive, send)
+
+    def _prompt_ids(self, job: Job) -> list[int]:
+        if job.kind is Kind.CHAT:
+            text = self.renderer.render(list(job.messages), list(job.tools) if job.tools else None,
+                                        True, **(job.template_kwargs or {}))
+            return self.tokenizer.encode(text)
+        if job.prompt_ids is not None:
+            return list(job.prompt_ids)
+        return self.tokenizer.encode(job.prompt_text or "")
+
+    async def _infer(self, kind: Kind, scope: Scope, receive: Receive, send: Send) -> None:
+        self.requests += 1
+        n = next(self._seq)
+        prefix = "chatcmpl" if kind is Kind.CHAT else "cmpl"
+        rid = f"{prefix}-{self.config.name}-{n}"
+        self.in_flight[rid] = InFlight(rid, scope["path"], time.time())
+        try:
+            await self._serve(kind, rid, receive, send)
+        finally:
+            del self.in_flight[rid]
+
+    async def _serve(self, kind: Kind, rid: str, receive: Receive, send: Send) -> None:
+        verdict = self.faults.draw()
+        if verdict.action is Action.EXIT:
+            self.exit_process(self.faults.spec.exit_code)
+            return
+        body = await read_body(receive)
+        if verdict.action is Action.ERROR:
+            await self.send_error(send, ApiError(verdict.status, "injected fault",
+                                                 "InternalServerError"))
+            return
+        if verdict.action is Action.HANG:
+            await wait_disconnect(receive)
+            self.hang_aborts += 1
+            return
+        try:
+            data = parse_json(body)
+            job = (openai_api.parse_chat if kind is Kind.CHAT else openai_api.parse_completion)(
+                data, self.config.default_max_tokens)
+            prompt_ids = self._prompt_ids(job)
+            pieces = completion_pieces(prompt_seed(prompt_ids), job.max_tokens)
+            text = "".join(pieces)
+            req = EngineRequest(rid, prompt_ids, job.max_tokens,
+                                output_ids=self.tokenizer.encode(text))
+            env = Envelope(rid, int(time.time()), self.config.model, self.config.name)
+            if self.config.instant:
+                usage = self.engine.serve_instant(req)
+                handle = None
+            else:
+                handle = self.engine.submit(req)
+        except ApiError as exc:
+            await self.send_error(send, exc)
+            return
+        except ValueError as exc:  # JSON, chat template, engine limits (EngineError)
+            await self.send_error(send, ApiError(400, str(exc)))
+            return
+        if handle is None:
+            if self.faults.spec.slow > 1:
+                await asyncio.sleep((self.faults.spec.slow - 1) * 0.001)
+            await self._respond_now(job, env, pieces, usage, send)
+            return
+        try:
+            if job.stream:
+                await race_disconnect(self._stream(job, env, pieces, handle, send), receive)
+            else:
+                usage = await race_disconnect(handle.wait(), receive)
+                await self._respond_now(job, env, pieces, usage, send)
+        finally:
+            handle.abort()  # no-op when finished
+
+    async def _respond_now(self, job: Job, env: Envelope, pieces: list[str], usage: Usage,
+                           send: Send) -> None:
+        if job.stream:
+            await self._stream(job, env, pieces, None, send, usage)
+            return
+        text = "".join(pieces)
+        u = openai_api.usage_json(usage.prompt_tokens, usage.completion_tokens,
+                                  usage.cached_tokens)
+        payload = dumps(openai_api.full_response(job.kind, env, text, usage.finish_reason, u))
+        stop = self.faults.spec.stop_after
+        if stop is None:
+            await send_bytes(send, 200, payload, "application/json", self._headers)
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode()), *self._headers]})
+        await send({"type": "http.response.body", "body": payload[: len(payload) // 2],
+                    "more_body": True})
+        raise AbruptClose
+
+    async def _stream(self, job: Job, env: Envelope, pieces: list[str], handle: RequestHandle | None,
+                      send: Send, usage: Usage | None = None) -> None:
+        stop_after = self.faults.spec.stop_after
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"), *self._headers]})
+        sent = 0
+
+        async def emit(obj: dict[str, Any] | None) -> None:
+            nonlocal sent
+            if stop_after is not None and sent >= stop_after:
+                raise AbruptClose
+            data = SSE_DONE if obj is None else b"data: " + dumps(obj) + b"\n\n"
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+            sent += 1
+
+        last = job.max_tokens - 1
+        indices = handle.tokens() if handle is not None else _count(job.max_tokens)
+        async for i in indices:
+            if i == 0 and job.kind is Kind.CHAT:
+                await emit(openai_api.chunk(job.kind, env, "", role=True))
+            await emit(openai_api.chunk(job.kind, env, pieces[i], "length" if i == last else None))
+        if handle is not None:
+            usage = handle.usage
+        assert usage is not None
+        if job.include_usage:
+            await emit(openai_api.usage_chunk(job.kind, env, openai_api.usage_json(
+                usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)))
+        await emit(None)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    # -- informational ---------------------------------------------------------------------------
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.send_json(send, openai_api.models_response(
+            self.config.model, self.model_path, self.config.max_model_len, self.created))
+
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_bytes(send, 200, b"", "text/plain", self._headers)
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_bytes(send, 200, self.metrics.render(), CONTENT_TYPE, self._headers)
+
+    async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.send_json(send, {"version": "sim"})
+
+    async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            data = parse_json(await read_body(receive))
+            if isinstance(data, dict) and "messages" in data:
+                job = openai_api.parse_chat(data, 1)
+            else:
+                job = openai_api.parse_completion(data, 1)
+            ids = self._prompt_ids(job)
+        except ApiError as exc:
+            await self.send_error(send, exc)
+            return
+        except (ValueError, TemplateError) as exc:
+            await self.send_error(send, ApiError(400, str(exc)))
+            return
+        await self.send_json(send, {"count": len(ids), "max_model_len": self.config.max_model_len,
+                                    "tokens": ids})
+
+    def _info(self) -> dict[str, Any]:
+        c = self.config
+        return {"model_path": self.model_path, "tokenizer_path": self.model_path,
+                "served_model_name": c.model, "is_generation": True, "page_size": c.block_size,
+                "max_total_num_tokens": c.kv_blocks * c.block_size, "context_length": c.max_model_len,
+                "max_running_requests": c.max_num_seqs, "tp_size": 1, "dp_size": 1,
+                "replica_name": c.name, "version": "sim"}
+
+    async def _server_info(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.send_json(send, self._info())
+
+    async def _model_info(self, scope: Scope, receive: Receive, send: Send) -> None:
+        info = self._info()
+        await self.send_json(send, {k: info[k] for k in (
+            "model_path", "tokenizer_path", "served_model_name", "is_generation")})
+
+
+async def _count(n: int) -> Any:
+    for i in range(n):
+        yield i
+
+
+def create_app(config: ReplicaConfig, **kwargs: Any) -> Replica:
+    return Replica(config, **kwargs)
