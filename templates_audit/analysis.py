@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import datetime as dt
+import functools
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -124,7 +125,7 @@ class _TemplateState:
 
     def stats_for(self, sp: Span) -> _SpanStats | None:
         for st in self.spans:
-            if st.ref_start < sp.ref_end and sp.ref_start < st.ref_end or (
+            if (st.ref_start < sp.ref_end and sp.ref_start < st.ref_end) or (
                 st.ref_start == sp.ref_start and st.ref_end == sp.ref_end
             ):
                 if sp.ref_start < st.ref_start or sp.ref_end > st.ref_end:
@@ -160,7 +161,7 @@ class Auditor:
         base = renderer or ChatRenderer()
         self.renderer = base.with_clock(self._clock)
         self._dynamic_template = "strftime_now" in base.source
-        self._probes = [base.with_clock(lambda c=c: c) for c in PROBE_CLOCKS]
+        self._probes = [base.with_clock(functools.partial(_fixed, c)) for c in PROBE_CLOCKS]
         self.block_size = block_size
         self.redact_values = redact_values
         self.index = TemplateIndex()
@@ -344,6 +345,10 @@ class Auditor:
             after=after[:CONTEXT_CHARS],
             distinct_values_capped=st.capped,
         )
+
+
+def _fixed(instant: dt.datetime) -> dt.datetime:
+    return instant
 
 
 def _anchor(probe: str, pos: int, ref: str) -> int | None:
