@@ -64,7 +64,8 @@ class DnsDiscovery:
         for address in addresses:
             # two addresses of one pod (dual stack) share a PTR name: keep one, the lowest address
             names.setdefault(self._ptr[address], address)
-        return [Endpoint(name=n, url=url_for(self.scheme, a, self.port)) for n, a in names.items()]
+        return [Endpoint(name=n, url=url_for(self.scheme, names[n], self.port))
+                for n in sorted(names)]
 
     async def _name_for(self, address: str) -> str:
         if self._reverse is None:
