@@ -250,7 +250,7 @@ def test_custom_header_names_are_case_insensitive() -> None:
         pytest.param({"prompt_window_chars": 0}, id="empty-window"),
     ],
 )
-def test_key_config_rejects_nonsense(bad: dict[str, int]) -> None:
+def test_key_config_rejects_nonsense(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         KeyConfig(**bad)
 
