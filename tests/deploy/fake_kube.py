@@ -278,6 +278,7 @@ class FakeKubeAPI:
                      query: dict[str, str]) -> None:
         w = _Watch(namespace, selector, query.get("allowWatchBookmarks") == "true")
         rv_param = query.get("resourceVersion", "")
+        backlog: list[tuple[str, Any]]
         with self._lock:
             if rv_param in ("", "0"):
                 backlog = [("ADDED", o) for (ns, _), o in sorted(self._objects.items())

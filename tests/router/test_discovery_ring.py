@@ -56,6 +56,6 @@ def test_two_routers_route_1000_keys_identically(tmp_path: Path) -> None:
                 api.put_slice(make_slice("vllm-b", "vllm", [
                     pod_endpoint("vllm-3", "10.0.0.99"), pod_endpoint("vllm-4", "10.0.0.14")]))
                 for r in (a, b):
-                    r.wait_for(lambda eps, r=r: r.by_name()["vllm-3"].url ==
+                    r.wait_for(lambda eps: {e.name: e.url for e in eps}["vllm-3"] ==
                                "http://10.0.0.99:8000")
                 assert routes(a.latest or []) == routes(b.latest or []) == first
