@@ -1,0 +1,183 @@
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import pytest
+
+from router.health import HealthMonitor, VllmLoad, parse_vllm_metrics
+from router.metrics import RouterMetrics
+from router.replicas import ReplicaSet
+from router.settings import HealthSettings, ReplicaSpec, ScrapeSettings
+from tests.integration.conftest import FakeReplica
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    # summed over label sets (two engines), kv usage is the max so it stays a fraction
+    ('vllm:num_requests_running{engine="0",model_name="m"} 3\n'
+     'vllm:num_requests_running{engine="1",model_name="m"} 2\n'
+     'vllm:num_requests_waiting{model_name="m"} 4.0\n'
+     'vllm:kv_cache_usage_perc{engine="0"} 0.5\nvllm:kv_cache_usage_perc{engine="1"} 0.75\n',
+     VllmLoad(5, 4, 0.75)),
+    # comments, other metrics, the older gpu_cache name and a trailing timestamp
+    ('# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\n'
+     'vllm:num_requests_running 7 1700000000000\nvllm:gpu_cache_usage_perc 0.1\n'
+     'vllm:num_requests_running_total 99\nprocess_cpu_seconds_total 5\n', VllmLoad(7, 0, 0.1)),
+    # a '}' inside a label value and a NaN are handled
+    ('vllm:num_requests_waiting{model_name="a}b"} 2\nvllm:num_requests_running NaN\n',
+     VllmLoad(0, 2, 0)),
+    ("", VllmLoad(0, 0, 0)),
+    ("vllm:num_requests_running{model_name=\"m\"} garbage\n", VllmLoad(0, 0, 0)),
+])
+def test_parse_vllm_metrics(text: str, expected: VllmLoad) -> None:
+    assert parse_vllm_metrics(text) == expected
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def monitor(n: int = 2, **health: Any) -> tuple[HealthMonitor, ReplicaSet, Clock, list[str]]:
+    replicas = ReplicaSet([ReplicaSpec(f"r{i}", f"http://127.0.0.1:{9 + i}") for i in range(n)])
+    clock = Clock()
+    changes: list[str] = []
+    settings = HealthSettings(**{"eject_after": 3, "readmit_backoff": 1.0,
+                                 "readmit_backoff_max": 8.0, **health})
+    m = HealthMonitor(settings, ScrapeSettings(), replicas, RouterMetrics(),
+                      on_change=lambda: changes.append("x"), clock=clock)
+    return m, replicas, clock, changes
+
+
+def test_ejects_after_consecutive_failures_only() -> None:
+    m, rs, _, changes = monitor()
+    r0 = rs.get("r0")
+    assert r0 is not None
+    m.record_failure(r0, "connect")
+    m.record_failure(r0, "5xx")
+    m.record_success(r0)  # resets the streak
+    m.record_failure(r0, "connect")
+    m.record_failure(r0, "connect")
+    assert r0.healthy
+    m.record_failure(r0, "timeout")
+    assert not r0.healthy and changes == ["x"]
+    body, _ = m.metrics.render()
+    assert b'prefix_router_ejections_total{reason="timeout",replica="r0"} 1.0' in body
+
+
+class ScriptedProbe(HealthMonitor):
+    """Probe answers come from a script instead of the network."""
+
+    answers: dict[str, list[bool]]
+
+    async def probe(self, session: Any, replica: Any) -> bool:
+        return self.answers[replica.name].pop(0)
+
+
+def scripted(**health: Any) -> tuple[ScriptedProbe, ReplicaSet, Clock]:
+    m, rs, clock, _ = monitor(**health)
+    sp = ScriptedProbe(m.health, m.scrape, rs, m.metrics, clock=clock)
+    return sp, rs, clock
+
+
+def test_readmission_backoff_doubles_until_a_probe_succeeds() -> None:
+    m, rs, clock = scripted()
+    r0 = rs.get("r0")
+    assert r0 is not None
+    for _ in range(3):
+        m.record_failure(r0, "connect")
+    assert not r0.healthy
+    m.answers = {"r0": [False, False, False, True], "r1": [True] * 20}
+    probed_at: list[float] = []
+
+    async def run() -> None:
+        for _ in range(40):  # 0.5 s ticks over 20 s of fake time
+            before = len(m.answers["r0"])
+            await m.probe_once(None)  # type: ignore[arg-type]
+            if len(m.answers["r0"]) < before:
+                probed_at.append(clock.t - 1000.0)
+            if r0.healthy:
+                return
+            clock.t += 0.5
+
+    asyncio.run(run())
+    assert r0.healthy
+    # ejected at t=0; backoff 1, then 2, 4, 8 (capped at readmit_backoff_max)
+    assert probed_at == [1.0, 3.0, 7.0, 15.0]
+
+
+def test_active_probe_failures_eject_a_healthy_replica() -> None:
+    m, rs, clock = scripted(eject_after=2, interval=1.0)
+    m.answers = {"r0": [False, False], "r1": [True, True]}
+    asyncio.run(m.probe_once(None))  # type: ignore[arg-type]
+    r0, r1 = rs.get("r0"), rs.get("r1")
+    assert r0 is not None and r1 is not None
+    assert r0.healthy
+    clock.t += 1.0
+    asyncio.run(m.probe_once(None))  # type: ignore[arg-type]
+    assert not r0.healthy and r1.healthy
+
+
+async def _with_session(coro_fn: Any) -> Any:
+    async with aiohttp.ClientSession() as session:
+        return await coro_fn(session)
+
+
+def test_probe_and_scrape_a_real_replica(threaded_server: Any) -> None:
+    fake = FakeReplica("r0")
+    fake.running = 3
+    srv = threaded_server(fake.app())
+    replicas = ReplicaSet([ReplicaSpec("r0", srv.url),
+                           ReplicaSpec("dead", "http://127.0.0.1:9")])
+    m = HealthMonitor(HealthSettings(timeout=1.0), ScrapeSettings(), replicas, RouterMetrics())
+    r0, dead = replicas.get("r0"), replicas.get("dead")
+    assert r0 is not None and dead is not None
+
+    async def check(session: aiohttp.ClientSession) -> tuple[bool, bool, bool]:
+        ok = await m.probe(session, r0)
+        bad = await m.probe(session, dead)
+        fake.healthy = False
+        down = await m.probe(session, r0)
+        await m.scrape_once(session)
+        return ok, bad, down
+
+    ok, bad, down = asyncio.run(_with_session(check))
+    assert (ok, bad, down) == (True, False, False)
+    assert (r0.running, r0.waiting, r0.kv_usage) == (3, 0, 0.25)
+    assert (dead.running, dead.kv_usage) == (0, 0)  # failed scrape -> no scraped load
+    assert dead.healthy  # a failed scrape never ejects
+
+
+def test_loops_stop_when_cancelled(threaded_server: Any) -> None:
+    fake = FakeReplica("r0")
+    srv = threaded_server(fake.app())
+    replicas = ReplicaSet([ReplicaSpec("r0", srv.url)])
+    m = HealthMonitor(HealthSettings(interval=0.05, readmit_backoff=0.05),
+                      ScrapeSettings(interval=0.05), replicas, RouterMetrics())
+    fake.running = 2
+    r0 = replicas.get("r0")
+    assert r0 is not None
+
+    async def run(session: aiohttp.ClientSession) -> bool:
+        tasks = [asyncio.create_task(m.run_probes(session)),
+                 asyncio.create_task(m.run_scrapes(session))]
+        for _ in range(100):
+            if r0.running == 2:
+                break
+            await asyncio.sleep(0.02)
+        fake.healthy = False
+        for _ in range(200):
+            if not r0.healthy:
+                break
+            await asyncio.sleep(0.02)
+        for t in tasks:
+            t.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        return all(isinstance(r, asyncio.CancelledError) for r in results)
+
+    assert asyncio.run(_with_session(run))
+    assert r0.running == 2 and not r0.healthy

@@ -1,0 +1,157 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from router.settings import (
+    SETTINGS_ENV,
+    Settings,
+    SettingsError,
+    load_settings,
+    parse_size,
+    settings_from_env,
+)
+
+ONE = [{"name": "r0", "url": "http://127.0.0.1:8101"}]
+
+
+def test_defaults_match_the_documented_schema() -> None:
+    s = Settings.from_dict({})
+    assert (s.listen.host, s.listen.port, s.workers) == ("127.0.0.1", 8000, 1)
+    assert s.routing.policy == "prefix" and s.routing.load_factor == 1.25
+    assert s.routing.virtual_nodes == 160 and s.routing.key_header == "X-Prefix-Hash"
+    assert s.proxy.max_body_bytes == 16 * 1024 * 1024 and s.proxy.max_attempts == 3
+    assert s.health.eject_after == 3 and s.scrape.enabled is True
+    assert s.admin.enabled is False and s.logging.log_prompts is False
+    assert s.shutdown.grace_period == 30.0
+
+
+def test_full_document_parses() -> None:
+    s = Settings.from_dict({
+        "listen": {"host": "0.0.0.0", "port": 9000}, "workers": 2,
+        "replicas": [{"name": "a", "url": "http://10.0.0.1:8000/", "weight": 2},
+                     {"name": "b", "url": "https://b.example:8443"}],
+        "discovery": {"type": "static", "dns": {"name": "x.svc", "port": 8000}},
+        "routing": {"policy": "least_loaded", "ring": "nginx", "load_factor": 2},
+        "proxy": {"max_body_bytes": "1MiB", "max_in_flight": 8},
+        "auth": {"api_keys": ["k1"], "api_keys_env": "KEYS"},
+        "admin": {"host": "127.0.0.1", "port": 9100},
+        "logging": {"level": "debug"}, "shutdown": {"grace_period": 0},
+    })
+    assert s.replicas[0].url == "http://10.0.0.1:8000"  # trailing slash dropped
+    assert s.replicas[0].weight == 2 and s.replicas[1].weight == 1
+    assert s.routing.load_factor == 2.0 and isinstance(s.routing.load_factor, float)
+    assert s.proxy.max_body_bytes == 1024 * 1024
+    assert s.auth.api_keys == ("k1",) and s.admin.enabled
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    # every error names the dotted key and quotes the bad value
+    ({"routing": {"load_factor": "abc"}}, "routing.load_factor: expected a number > 1, got 'abc'"),
+    ({"routing": {"load_factor": 1}}, "routing.load_factor: expected a number > 1, got 1"),
+    ({"routing": {"policy": "random"}}, "routing.policy: expected one of prefix | round_robin | least_loaded, got 'random'"),
+    ({"routing": {"polcy": "prefix"}}, "routing.polcy: unknown key (value 'prefix')"),
+    ({"bogus": 1}, "bogus: unknown key (value 1)"),
+    ({"listen": {"port": 70000}}, "listen.port: expected an integer in [1, 65535], got 70000"),
+    ({"listen": {"port": True}}, "listen.port: expected an integer in [1, 65535], got True"),
+    ({"workers": 0}, "workers: expected an integer in [1, 64], got 0"),
+    ({"proxy": {"max_body_bytes": "lots"}}, "proxy.max_body_bytes: expected a size in bytes (int or e.g. '16MiB'), got 'lots'"),
+    ({"proxy": {"connect_timeout": -1}}, "proxy.connect_timeout: expected a number > 0, got -1"),
+    ({"health": {"readmit_backoff": 5, "readmit_backoff_max": 1}}, "health.readmit_backoff_max: expected a number >= readmit_backoff (5), got 1.0"),
+    ({"scrape": {"enabled": "yes"}}, "scrape.enabled: expected true or false, got 'yes'"),
+    ({"replicas": [{"name": "r0", "url": "ftp://h"}]}, "replicas[0].url: expected an http(s) URL like 'http://host:port', got 'ftp://h'"),
+    ({"replicas": [{"name": "r0", "url": "http://h:1/v1"}]}, "replicas[0].url: expected an http(s) URL like 'http://host:port', got 'http://h:1/v1'"),
+    ({"replicas": [{"name": "r0", "url": "http://h:x"}]}, "replicas[0].url: expected an http(s) URL like 'http://host:port', got 'http://h:x'"),
+    ({"replicas": [{"url": "http://h:1"}]}, "replicas[0].name: expected a replica name"),
+    ({"replicas": [{"name": "r0", "url": "http://h:1", "port": 3}]}, "replicas[0].port: unknown key (value 3)"),
+    ({"replicas": ONE + ONE}, "replicas[1].name: duplicate replica name, got 'r0'"),
+    ({"replicas": "http://h:1"}, "replicas: expected a list"),
+    ({"routing": ["policy"]}, "routing: expected a mapping, got ['policy']"),
+    ({"discovery": {"type": "dns"}}, "discovery.dns.name: required when discovery.type is dns"),
+    ({"auth": {"api_keys": "secret"}}, "auth.api_keys: expected a list of non-empty strings"),
+    ({"admin": {"port": 0}}, "admin.port: expected a port in [1, 65535] or null, got 0"),
+    ({"logging": {"level": "loud"}}, "logging.level: expected one of debug | info | warning | error | critical, got 'loud'"),
+])
+def test_errors_name_key_and_value(doc: dict[str, Any], message: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        Settings.from_dict(doc)
+    assert str(err.value).startswith(message)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (1024, 1024), ("16MiB", 16 * 1024 * 1024), ("2kb", 2000), ("7", 7), (" 1 GiB ", 1024**3),
+])
+def test_parse_size(value: object, expected: int) -> None:
+    assert parse_size(value) == expected
+
+
+@pytest.mark.parametrize("value", [-1, "1.5MiB", "MiB", True, None, 2.0])
+def test_parse_size_rejects(value: object) -> None:
+    with pytest.raises(ValueError):
+        parse_size(value)
+
+
+def test_round_trip_through_json_env() -> None:
+    s = Settings.from_dict({"replicas": ONE, "proxy": {"max_body_bytes": "1KiB"},
+                            "auth": {"api_keys": ["a", "b"]}, "admin": {"port": 9100}})
+    assert Settings.from_dict(s.to_dict()) == s
+    assert settings_from_env({SETTINGS_ENV: s.to_json()}) == s
+    with pytest.raises(SettingsError, match=SETTINGS_ENV):
+        settings_from_env({})
+
+
+def test_overrides_are_validated_like_yaml_keys() -> None:
+    s = Settings.from_dict({"replicas": ONE})
+    o = s.with_overrides(port=9001, policy="round_robin",
+                         backends=["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    assert o.listen.port == 9001 and o.routing.policy == "round_robin"
+    assert [(r.name, r.url) for r in o.replicas] == [("r0", "http://127.0.0.1:1"),
+                                                     ("r1", "http://127.0.0.1:2")]
+    assert s.with_overrides().replicas == s.replicas  # nothing given, nothing changed
+    with pytest.raises(SettingsError, match="listen.port: expected an integer"):
+        s.with_overrides(port=0)
+    with pytest.raises(SettingsError, match=r"replicas\[0\].url"):
+        s.with_overrides(backends=["localhost:8000"])
+
+
+def test_check_runnable_needs_replicas_for_static() -> None:
+    with pytest.raises(SettingsError, match="replicas: static discovery needs at least one"):
+        Settings.from_dict({}).check_runnable()
+    Settings.from_dict({"replicas": ONE}).check_runnable()
+    Settings.from_dict({"discovery": {"type": "kubernetes"}}).check_runnable()
+
+
+def test_auth_keys_from_env() -> None:
+    a = Settings.from_dict({"auth": {"api_keys": ["k1"], "api_keys_env": "KEYS",
+                                     "upstream_api_key_env": "UP"}}).auth
+    assert a.client_keys({"KEYS": " k2, ,k3 "}) == ("k1", "k2", "k3")
+    assert a.client_keys({}) == ("k1",)
+    assert a.upstream_key({"UP": "vllm-key"}) == "vllm-key"
+    assert a.upstream_key({}) is None
+
+
+def test_load_settings_file_errors(tmp_path: Path) -> None:
+    good = tmp_path / "router.yaml"
+    good.write_text("replicas:\n  - {name: r0, url: 'http://127.0.0.1:8101'}\n"
+                    "routing: {policy: round_robin}\n")
+    assert load_settings(good).routing.policy == "round_robin"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("routing: {policy: [unclosed\n")
+    with pytest.raises(SettingsError, match="invalid YAML"):
+        load_settings(bad)
+    with pytest.raises(SettingsError, match="cannot read"):
+        load_settings(tmp_path / "missing.yaml")
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert load_settings(empty) == Settings()
+
+
+def test_settings_are_frozen() -> None:
+    s = Settings()
+    with pytest.raises(AttributeError):
+        s.workers = 3  # type: ignore[misc]
+    assert json.loads(s.to_json())["routing"]["policy"] == "prefix"
