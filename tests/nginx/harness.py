@@ -19,7 +19,6 @@ import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
 
-import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
