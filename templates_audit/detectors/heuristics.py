@@ -44,7 +44,7 @@ def numeric_date_ok(m: re.Match[str], text: str) -> bool:
 
 def compact_date_ok(m: re.Match[str], text: str) -> bool:
     """`YYYYMMDD` must be a real calendar date."""
-    digits = m["v"]
+    digits = m[0]
     return valid_ymd(int(digits[:4]), int(digits[4:6]), int(digits[6:8]))
 
 
@@ -55,7 +55,7 @@ _EPOCH_MIN, _EPOCH_MAX = 1_000_000_000, 2_100_000_000
 
 def epoch_ok(m: re.Match[str], text: str) -> bool:
     """10 digits = seconds, 13 = milliseconds, in the plausible window; not 1234567890."""
-    digits = m["v"] if "v" in m.re.groupindex else m[0]
+    digits = m[0]
     if is_sequential(digits):
         return False
     seconds = int(digits) // (1000 if len(digits) == 13 else 1)
@@ -69,23 +69,51 @@ def is_sequential(digits: str) -> bool:
 
 
 _PHONE_CUE = re.compile(r"(?i)(?:phone|tel|fax|call|mobile|whatsapp|sms)\b[^\n]{0,16}$")
+_ID_CUE = re.compile(
+    r"(?i)(?:\b(?:id|user|order|account|ticket|session|request|customer|invoice|case|no\.?"
+    r"|number)\b\s*(?:#|:|=|is)?\s*#?|#)$"
+)
 
 
 def numeric_id_ok(m: re.Match[str], text: str) -> bool:
-    """A long digit run that is not a phone number, an amount or a counting sequence."""
-    start, end = span(m)
-    digits = text[start:end]
+    """>= 8 digits alone or >= 5 after an id cue; not a phone number or a counting sequence."""
+    start, digits = m.start(), m[0]
     if is_sequential(digits):
         return False
     before = text[max(0, start - 24) : start]
-    return not _PHONE_CUE.search(before)
+    if _PHONE_CUE.search(before):
+        return False
+    if before.endswith("#"):
+        return len(digits) >= 7  # `#123456` is a CSS colour more often than an order number
+    return len(digits) >= 8 or _ID_CUE.search(before) is not None
+
+
+def day_ok(m: re.Match[str], text: str) -> bool:
+    """The day of a month-name date is 1-31."""
+    return 1 <= int(m["d"]) <= 31
+
+
+def clock_ok(m: re.Match[str], text: str) -> bool:
+    """Hour 0-23, or 1-12 with AM/PM."""
+    hour = int(m["h"])
+    if "ampm" in m.re.groupindex and m["ampm"]:
+        return 1 <= hour <= 12
+    return hour <= 23
+
+
+def dated_model_id_ok(m: re.Match[str], text: str) -> bool:
+    """`claude-sonnet-4-20250514`: a YYYYMMDD release date glued to a model name by `-`."""
+    start = m.start()
+    glued = start >= 2 and text[start - 1] == "-" and (text[start - 2].isalnum())
+    return glued and compact_date_ok(m, text)
 
 
 def hex_id_ok(m: re.Match[str], text: str) -> bool:
     """>= 16 hex chars with both digits and letters, in one case (ids, digests; not words)."""
-    value = m["v"] if "v" in m.re.groupindex else m[0]
-    if value[:2] in ("0x", "0X"):
-        value = value[2:]
+    start, value = m.start(), m[0]
+    if start > 0 and (text[start - 1].isalnum() or text[start - 1] in "_-"):
+        if not (text[start - 1] in "xX" and text[start - 2 : start - 1] == "0"):
+            return False  # inside a longer token, except right after `0x`
     has_digit = any(c.isdigit() for c in value)
     has_alpha = any(c.isalpha() for c in value)
     one_case = value == value.lower() or value == value.upper()
@@ -156,9 +184,16 @@ def name_ok(m: re.Match[str], text: str) -> bool:
     return first not in NOT_NAMES and not first.isupper()
 
 
+# The cue, then up to 40 characters of the same sentence without digits or a "current/today"
+# (so "cutoff: 2024-06. Current date: 2025-01-02" does not relabel the current date).
 _RELEASE_CUE = re.compile(
     r"(?i)(?:knowledge|cut-?off|last\s+updated|trained|training\s+data|information\s+up\s+to"
-    r"|data\s+up\s+to|knowledge_cutoff)[^\n.!?]{0,40}$"
+    r"|data\s+up\s+to)(?:(?!current|today|now)[^\n.!?\d]){0,40}(?:\n[ \t]*)?$"
+)
+# dates in prose about fixed events: "founded on", "诞生于2023年10月10日" (born on)
+_EVENT_CUE = re.compile(
+    r"(?i)(?:born|founded|established|launched|released|incorporated|诞生于|成立于|发布于|创立于)"
+    r"[^\n.!?。]{0,12}$"
 )
 
 
@@ -167,10 +202,40 @@ def in_release_context(text: str, start: int) -> bool:
     return _RELEASE_CUE.search(text, max(0, start - _CONTEXT), start) is not None
 
 
+def in_event_context(text: str, start: int) -> bool:
+    """True if the date is introduced as the date of a fixed event (founded, born, released)."""
+    return _EVENT_CUE.search(text, max(0, start - 32), start) is not None
+
+
+def cutoff_cue_ok(m: re.Match[str], text: str) -> bool:
+    """A year or month-year is a knowledge cutoff only after a cutoff cue (or inside its tag)."""
+    return in_release_context(text, m.start())
+
+
+_YEAR_BEFORE = re.compile(
+    r"(?i)(?:current\s+year|this\s+year|the\s+year|it\s+is(?:\s+now)?|it's(?:\s+now)?)"
+    r"(?:\s+is)?[\s:(]*$"
+)
+_YEAR_AFTER = re.compile(r"(?i)\s+(?:is\s+)?this\s+year")
+
+
+def current_year_ok(m: re.Match[str], text: str) -> bool:
+    """`The current year is 2025`, `it is 2026 this year`, `the current year (2026)`."""
+    if _YEAR_BEFORE.search(text, max(0, m.start() - 32), m.start()):
+        return True
+    return _YEAR_AFTER.match(text, m.end()) is not None
+
+
 _DEP_CUE = re.compile(r"(?:==|>=|<=|~=|!=|\^|~|@|\s-\s)\s*$")
+_VERSION_CUE = re.compile(
+    r"(?i)(?:\bversion|\bver\.|\brelease|\bbuild)(?:\s+is)?[\s:=]*(?:[A-Za-z]+\s+)?$"
+)
 
 
 def version_ok(m: re.Match[str], text: str) -> bool:
-    """A `v`-prefixed version is a prompt/product version unless it pins a dependency."""
-    start, _ = span(m)
-    return not _DEP_CUE.search(text, max(0, start - 4), start)
+    """`v1.2` is a prompt/product version unless pinned like a dependency (`pkg==v1.2`,
+    `pkg@v1.2`); a bare dotted number (`3.11`, `2.1.4`) only after a version cue."""
+    start = m.start()
+    if m[0][0] in "vV":
+        return not _DEP_CUE.search(text, max(0, start - 4), start)
+    return _VERSION_CUE.search(text, max(0, start - 40), start) is not None

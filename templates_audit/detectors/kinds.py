@@ -28,12 +28,14 @@ class Kind(StrEnum):
     OTHER = "other"
 
 
-# Detectors whose values change per release/config or per year, not per request/day/session.
+# Detectors whose values change per release/config or per year (or never), not per
+# request/day/session.
 # The auditor still reports them when they vary; the router does not cut its key there, because
 # they are constant for a deployment and cutting would only make the routing key less specific.
 KNOWLEDGE_CUTOFF = "knowledge_cutoff"
 CURRENT_YEAR = "current_year"
-LONG_LIVED_DETECTORS: frozenset[str] = frozenset({KNOWLEDGE_CUTOFF, CURRENT_YEAR})
+EVENT_DATE = "event_date"  # "founded on …", "born on …": a fixed date in prose
+LONG_LIVED_DETECTORS: frozenset[str] = frozenset({KNOWLEDGE_CUTOFF, CURRENT_YEAR, EVENT_DATE})
 
 
 @dataclass(frozen=True)

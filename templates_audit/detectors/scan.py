@@ -1,32 +1,37 @@
 """`scan` (all volatile values in a text) and `first_volatile` (the router's cut-off point).
 
 Algorithm:
-1. every detector's patterns run over the text; candidates failing their validator are dropped;
+1. every detector's patterns run over the text; a candidate is dropped if the character before
+   it is in the detector's `reject_after` class or its validator says no;
 2. overlaps are resolved greedily, longest candidate first (ties: detector priority, then
    position), so the result is non-overlapping and the most complete reading wins
    (`2023-04-20 06:52:11Z` beats `2023-04-20` and `06:52:11Z`);
-3. adjacent dates, weekdays and times separated only by a joiner (space, comma, `at`, `on`, `T`)
-   merge into one `timestamp` (`08:32PM Monday, May 13, 2024`); anchor-only candidates (a lone
-   weekday, `7 PM`, `3:16`) that did not merge are dropped;
-4. a date whose left context in the same sentence says "knowledge cutoff"/"last updated" is
-   re-labelled with detector `knowledge_cutoff` (long-lived, see `Match.long_lived`).
+3. runs of adjacent dates, weekdays and times separated only by a joiner (space, comma, `at`,
+   `on`, `-`) merge: with a date and a time into one `timestamp` (`08:32PM Monday, May 13,
+   2024`, `Wed, 07 Dec 2022 22:50:56 +0000`), a weekday and a date into one `date`. Anchor-only
+   candidates (a lone weekday, `7 PM`, `3:16`) that merged with nothing are dropped;
+4. a date whose left context says "knowledge cutoff"/"last updated" is re-labelled
+   `knowledge_cutoff`, one introduced as a fixed event ("founded on") `event_date`; both are
+   long-lived (`Match.long_lived`) and the router does not cut there.
 
 Invariants: the result is sorted by start, spans never overlap, `text[m.start:m.end] == m.value`,
 and `scan(text, kinds)` is exactly `scan(text)` restricted to `kinds`.
 
-Cost: one linear regex pass per pattern plus O(k log k) for k candidates. `first_volatile`
-skips the pattern passes that cannot matter: if the text has no digit (every router-kind value
-but a few secrets contains one) only the secret patterns run.
+Cost: one linear regex pass per pattern (each starts with a literal or character class, so `re`
+only tries positions where a value can begin) plus O(k^2) for k candidates, k being small.
+`first_volatile` runs the same pipeline without the name detector (names hold no digits, so
+they never overlap a router-kind value) and is memoised for the most recent texts.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Collection, Iterable
+from functools import lru_cache
 
 from . import heuristics as h
-from .kinds import KNOWLEDGE_CUTOFF, LONG_LIVED_DETECTORS, Kind, Match
-from .patterns import DETECTORS, Detector
+from .kinds import EVENT_DATE, KNOWLEDGE_CUTOFF, LONG_LIVED_DETECTORS, Kind, Match
+from .patterns import DETECTORS, ROUTER_DETECTORS, Detector
 
 ROUTER_KINDS: frozenset[Kind] = frozenset(
     {
@@ -48,10 +53,19 @@ _MAX_JOIN = 8
 def _candidates(text: str, detectors: Iterable[Detector]) -> list[_Cand]:
     out: list[_Cand] = []
     for det in detectors:
+        pos = 0
+        if det.requires:
+            pos = text.find(det.requires)
+            if pos < 0:
+                continue
+            pos = max(0, pos - det.lookback)
+        left = det.reject_after
         for pattern in det.patterns:
-            for m in pattern.finditer(text):
+            for m in pattern.finditer(text, pos):
+                start, end = h.span(m)
+                if left is not None and start > 0 and left.match(text, start - 1):
+                    continue
                 if det.validate is None or det.validate(m, text):
-                    start, end = h.span(m)
                     out.append((start, end, det))
     return out
 
@@ -74,11 +88,12 @@ def _mergeable(cand: _Cand) -> bool:
 
 
 def _emit(text: str, group: list[_Cand], out: list[Match]) -> None:
-    has_date = any(c[2].kind is Kind.DATE and not c[2].anchor for c in group)
+    dates = [c for c in group if c[2].kind is Kind.DATE and not c[2].anchor]
     has_time = any(c[2].kind is Kind.TIME for c in group)
-    if has_date and has_time:
+    if dates and (has_time or len(group) > 1):
         start, end = group[0][0], group[-1][1]
-        out.append(Match(Kind.TIMESTAMP, start, end, text[start:end], "datetime"))
+        kind, name = (Kind.TIMESTAMP, "datetime") if has_time else (Kind.DATE, dates[0][2].name)
+        out.append(Match(kind, start, end, text[start:end], name))
         return
     for start, end, det in group:
         if not det.anchor:
@@ -89,37 +104,33 @@ def _merge(text: str, taken: list[_Cand]) -> list[Match]:
     out: list[Match] = []
     group: list[_Cand] = []
     for cand in taken:
-        if not _mergeable(cand):
-            _emit(text, group, out)
-            group = []
-            start, end, det = cand
-            if not det.anchor:
-                out.append(Match(det.kind, start, end, text[start:end], det.name))
-            continue
         if group:
             gap_start = group[-1][1]
-            if cand[0] - gap_start > _MAX_JOIN or not _JOIN.fullmatch(text, gap_start, cand[0]):
+            joined = cand[0] - gap_start <= _MAX_JOIN and _JOIN.fullmatch(text, gap_start, cand[0])
+            if not (joined and _mergeable(cand)):
                 _emit(text, group, out)
                 group = []
-        group.append(cand)
+        if _mergeable(cand):
+            group.append(cand)
+        elif not cand[2].anchor:
+            start, end, det = cand
+            out.append(Match(det.kind, start, end, text[start:end], det.name))
     _emit(text, group, out)
     return out
 
 
-def _tag_long_lived(text: str, m: Match) -> Match:
+def _relabel(text: str, m: Match) -> Match:
     if m.kind in (Kind.DATE, Kind.TIMESTAMP) and not m.long_lived:
         if h.in_release_context(text, m.start):
             return Match(m.kind, m.start, m.end, m.value, KNOWLEDGE_CUTOFF)
+        if h.in_event_context(text, m.start):
+            return Match(m.kind, m.start, m.end, m.value, EVENT_DATE)
     return m
 
 
 def _scan(text: str, detectors: Iterable[Detector]) -> list[Match]:
     taken = _resolve(_candidates(text, detectors))
-    return [_tag_long_lived(text, m) for m in _merge(text, taken)]
-
-
-_HAS_DIGIT = re.compile(r"\d")
-_DIGITLESS = tuple(d for d in DETECTORS if d.kind is Kind.SECRET)
+    return [_relabel(text, m) for m in _merge(text, taken)]
 
 
 def scan(text: str, kinds: Collection[Kind] | None = None) -> list[Match]:
@@ -130,11 +141,11 @@ def scan(text: str, kinds: Collection[Kind] | None = None) -> list[Match]:
     return [m for m in found if m.kind in kinds]
 
 
+@lru_cache(maxsize=256)
 def first_volatile(text: str) -> Match | None:
     """The earliest per-request/per-day/per-session value (a `ROUTER_KINDS` match that is not
     long-lived), or None: the router's routing key is the text before `match.start`."""
-    detectors = DETECTORS if _HAS_DIGIT.search(text) else _DIGITLESS
-    for m in _scan(text, detectors):
+    for m in _scan(text, ROUTER_DETECTORS):
         if m.kind in ROUTER_KINDS and not m.long_lived:
             return m
     return None
