@@ -229,6 +229,9 @@ class Forwarder:
                 status = exc.status
                 up.health.record_failure(replica, exc.reason)
                 raise
+            except asyncio.CancelledError:
+                status = CLIENT_CLOSED
+                raise
             if broken is not None:
                 up.health.record_failure(replica, broken)
             elif status >= 500:

@@ -177,8 +177,8 @@ def router_settings(urls: list[str], **sections: dict[str, Any]) -> Settings:
 def fake_fleet() -> Iterator[Any]:
     started: list[ThreadedServer] = []
 
-    def start(n: int = 3) -> Fleet:
-        replicas = [FakeReplica(f"r{i}") for i in range(n)]
+    def start(n: int = 3, names: list[str] | None = None) -> Fleet:
+        replicas = [FakeReplica(name) for name in names or [f"r{i}" for i in range(n)]]
         servers = [ThreadedServer(r.app()).start() for r in replicas]
         started.extend(servers)
         return Fleet(replicas, servers)

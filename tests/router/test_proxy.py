@@ -1,0 +1,214 @@
+# ruff: noqa: F811  (fixtures imported from tests/integration/conftest.py)
+from __future__ import annotations
+
+import json
+import socket
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from router.app import RouterApp
+from router.proxy import strip_hop_by_hop
+from tests.conftest import free_port
+from tests.integration.conftest import fake_fleet, router_server, router_settings  # noqa: F401
+
+SYSTEM = "You are a meticulous assistant for the billing team. Answer in two sentences at most."
+
+
+@pytest.mark.parametrize(("headers", "kept"), [
+    # the fixed hop-by-hop set goes, end-to-end headers stay (names lowered)
+    ([(b"Connection", b"keep-alive"), (b"Keep-Alive", b"timeout=5"), (b"TE", b"trailers"),
+      (b"Transfer-Encoding", b"chunked"), (b"Upgrade", b"h2c"), (b"Trailer", b"x"),
+      (b"Content-Type", b"application/json")], [(b"content-type", b"application/json")]),
+    # headers named in Connection go too, case-insensitively
+    ([(b"connection", b"close, X-Secret-Hop"), (b"x-secret-hop", b"1"), (b"x-keep", b"2")],
+     [(b"x-keep", b"2")]),
+    # every proxy-* header goes
+    ([(b"proxy-authorization", b"Basic x"), (b"proxy-connection", b"keep-alive"),
+      (b"authorization", b"Bearer k")], [(b"authorization", b"Bearer k")]),
+    # repeated end-to-end headers keep their order
+    ([(b"set-cookie", b"a=1"), (b"set-cookie", b"b=2")],
+     [(b"set-cookie", b"a=1"), (b"set-cookie", b"b=2")]),
+])
+def test_strip_hop_by_hop(headers: list[tuple[bytes, bytes]],
+                          kept: list[tuple[bytes, bytes]]) -> None:
+    assert strip_hop_by_hop(headers) == kept
+
+
+def key_homed_on(app: RouterApp, replica: str) -> str:
+    """An X-Prefix-Hash value whose ring walk starts at `replica`."""
+    for i in range(10_000):
+        key = f"k{i}"
+        if next(iter(app.replicas.ring.walk(key))) == replica:
+            return key
+    raise AssertionError("no key found")
+
+
+def chat(stream: bool = False, **extra: Any) -> dict[str, Any]:
+    return {"model": "fake-model", "stream": stream, **extra,
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}]}
+
+
+def dead_url() -> str:
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
+
+
+def test_connect_failure_retries_next_candidate(fake_fleet: Any, router_server: Any) -> None:
+    fleet = fake_fleet(2, names=["r1", "r2"])
+    # probes slow enough that the request, not a probe, meets the dead replica first
+    srv, app = router_server(router_settings([dead_url(), *fleet.urls],
+                                             health={"interval": 60, "eject_after": 10}))
+    key = key_homed_on(app, "r0")  # r0 is the dead one
+    r = httpx.post(srv.url + "/v1/chat/completions", json=chat(), headers={"x-prefix-hash": key})
+    assert r.status_code == 200
+    served_by = r.headers["x-prefix-router-replica"]
+    assert served_by in ("r1", "r2")
+    assert r.json()["choices"][0]["message"]["content"] == served_by
+    metrics = httpx.get(srv.url + "/metrics").text
+    assert 'prefix_router_retries_total{reason="connect",replica="r0"} 1.0' in metrics
+
+
+def test_upstream_503_retried_then_last_answer_relayed(fake_fleet: Any,
+                                                         router_server: Any) -> None:
+    fleet = fake_fleet(2)
+    srv, app = router_server(router_settings(fleet.urls, proxy={"max_attempts": 2}))
+    r = httpx.post(srv.url + "/v1/chat/completions", json=chat(),
+                   headers={"x-fake-status": "503", "x-prefix-hash": key_homed_on(app, "r0")})
+    # both replicas answered 503: the second answer reaches the client unchanged
+    assert r.status_code == 503
+    assert r.json()["error"]["message"] == "r1 says 503"
+    assert fleet.counts() == {"r0": 1, "r1": 1}
+    # a 4xx is the replica's answer, never retried
+    r = httpx.post(srv.url + "/v1/chat/completions", json=chat(),
+                   headers={"x-fake-status": "422", "x-prefix-hash": key_homed_on(app, "r0")})
+    assert r.status_code == 422 and fleet.counts() == {"r0": 2, "r1": 1}
+
+
+def test_raw_body_bytes_and_end_to_end_headers_reach_the_replica(fake_fleet: Any,
+                                                                   router_server: Any) -> None:
+    fleet = fake_fleet(1)
+    srv, _ = router_server(router_settings(fleet.urls))
+    raw = ('{ "messages":[{"role":"system","content":"' + SYSTEM + '"},'
+           '{"role":"user","content":"h\\u00e9"}],   "model" : "fake-model", "z":1.50}').encode()
+    r = httpx.post(srv.url + "/v1/chat/completions?x=1%2F2", content=raw, headers={
+        "content-type": "application/json", "authorization": "Bearer client-key",
+        "x-custom": "v", "connection": "x-hop", "x-hop": "drop", "proxy-authorization": "p"})
+    assert r.status_code == 200
+    seen = fleet.replicas[0].requests[-1]
+    assert seen.body == raw  # not re-serialised
+    assert seen.headers["authorization"] == "Bearer client-key"
+    assert seen.headers["x-custom"] == "v"
+    assert "x-hop" not in seen.headers and "proxy-authorization" not in seen.headers
+
+
+def test_response_hop_by_hop_headers_dropped(fake_fleet: Any, router_server: Any) -> None:
+    fleet = fake_fleet(1)
+    srv, _ = router_server(router_settings(fleet.urls))
+    r = httpx.get(srv.url + "/v1/echo")
+    assert r.status_code == 200 and r.headers["x-upstream"] == "kept"
+    for gone in ("keep-alive", "x-drop-me", "proxy-authenticate"):
+        assert gone not in r.headers
+    assert r.headers["x-prefix-router-replica"] == "r0"
+
+
+def test_replica_header_can_be_turned_off(fake_fleet: Any, router_server: Any) -> None:
+    fleet = fake_fleet(1)
+    srv, _ = router_server(router_settings(fleet.urls, proxy={"replica_header": False}))
+    r = httpx.get(srv.url + "/v1/echo")
+    assert r.status_code == 200 and "x-prefix-router-replica" not in r.headers
+
+
+def test_upstream_key_replaces_client_authorization(fake_fleet: Any, router_server: Any,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_UPSTREAM_KEY", "vllm-secret")
+    fleet = fake_fleet(1)
+    srv, _ = router_server(router_settings(fleet.urls,
+                                           auth={"upstream_api_key_env": "TEST_UPSTREAM_KEY"}))
+    r = httpx.get(srv.url + "/v1/echo", headers={"authorization": "Bearer client"})
+    assert r.json()["headers"]["authorization"] == "Bearer vllm-secret"
+
+
+def sse_events(text: str) -> list[str]:
+    return [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+
+
+def test_stream_relayed_chunk_by_chunk(fake_fleet: Any, router_server: Any) -> None:
+    fleet = fake_fleet(1)
+    srv, _ = router_server(router_settings(fleet.urls))
+    arrivals: list[float] = []
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=chat(stream=True),
+                      headers={"x-fake-chunks": "3", "x-fake-chunk-delay": "0.3"}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                arrivals.append(time.monotonic())
+    assert len(arrivals) == 4  # 3 chunks + [DONE]
+    # the first chunk arrived while the replica was still generating (not buffered to the end)
+    assert arrivals[-1] - arrivals[0] > 0.5
+
+
+def test_mid_stream_failure_ends_with_sse_error(fake_fleet: Any, router_server: Any) -> None:
+    fleet = fake_fleet(2)
+    srv, app = router_server(router_settings(fleet.urls))
+    key = key_homed_on(app, "r0")
+    r = httpx.post(srv.url + "/v1/chat/completions", json=chat(stream=True),
+                   headers={"x-fake-die-after": "2", "x-prefix-hash": key})
+    events = sse_events(r.text)
+    assert len(events) == 3
+    assert json.loads(events[-1])["error"]["type"] == "server_error"
+    assert fleet.counts() == {"r0": 1, "r1": 0}  # no retry once the stream started
+
+
+def test_idle_timeout_mid_stream(fake_fleet: Any, router_server: Any) -> None:
+    fleet = fake_fleet(1)
+    srv, _ = router_server(router_settings(fleet.urls, proxy={"idle_timeout": 0.2}))
+    r = httpx.post(srv.url + "/v1/chat/completions", json=chat(stream=True),
+                   headers={"x-fake-chunks": "3", "x-fake-chunk-delay": "1.0"})
+    events = sse_events(r.text)
+    assert events[0].startswith("{") and "r0" in events[0]
+    assert json.loads(events[-1])["error"]["code"] == "upstream_timeout"
+
+
+def test_first_byte_timeout_is_504(fake_fleet: Any, router_server: Any) -> None:
+    fleet = fake_fleet(1)
+    srv, _ = router_server(router_settings(fleet.urls, proxy={"first_byte_timeout": 0.2}))
+    r = httpx.post(srv.url + "/v1/chat/completions", json=chat(),
+                   headers={"x-fake-delay": "2"})
+    assert r.status_code == 504
+    assert r.json()["error"]["code"] == "upstream_timeout"
+
+
+def wait_until(cond: Any, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def raw_request(port: int, body: bytes) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+              b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\nx-fake-delay: 3\r\n\r\n"
+              + body)
+    return s
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_client_disconnect_aborts_upstream(fake_fleet: Any, router_server: Any,
+                                           stream: bool) -> None:
+    fleet = fake_fleet(1)
+    srv, app = router_server(router_settings(fleet.urls))
+    fake = fleet.replicas[0]
+    sock = raw_request(srv.port, json.dumps(chat(stream=stream)).encode())
+    assert wait_until(lambda: fake.running == 1)
+    sock.close()
+    assert wait_until(lambda: fake.cancelled == 1)
+    r0 = app.replicas.get("r0")
+    assert r0 is not None
+    assert wait_until(lambda: r0.in_flight == 0)
+    assert len(fake.requests) == 1  # a disconnect is never retried
+    assert "499" in httpx.get(srv.url + "/metrics").text
