@@ -12,6 +12,7 @@ loopback; elsewhere ``/admin/*`` is 404.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import TYPE_CHECKING, Any
 
 from .asgi import LOOPBACK, Receive, Scope, Send, local_port, parse_json, peer_host, read_body
@@ -35,6 +36,7 @@ def stats(replica: Replica) -> dict[str, Any]:
     queue = e.request_ids()
     return {
         "name": replica.config.name,
+        "pid": os.getpid(),
         "requests": replica.requests,
         "aborts": replica.aborts,
         "in_flight": len(replica.in_flight),

@@ -1,0 +1,150 @@
+"""The replica's OpenAI-compatible HTTP API, through the official `openai` client and raw HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from loadtest.replica import Replica, ReplicaConfig
+from loadtest.replica.scrape import parse
+
+Start = Callable[..., Any]
+HTTP = httpx.Client(timeout=30)  # one client: building one per call costs ~0.1 s (TLS context)
+
+
+@pytest.fixture
+def replica(threaded_server: Start) -> Callable[..., str]:
+    def start(**options: Any) -> str:
+        options.setdefault("speed", 50.0)
+        srv = threaded_server(Replica(ReplicaConfig(name=options.pop("name", "sim-a"),
+                                                    **options)))
+        return str(srv.url)
+
+    return start
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=30)
+
+
+MESSAGES = [{"role": "system", "content": "You are a terse assistant. " * 20},
+            {"role": "user", "content": "Say something."}]
+
+
+def test_chat_non_streamed_through_openai_client(replica: Callable[..., str]) -> None:
+    c = client(replica())
+    first = c.chat.completions.create(model="sim-model", messages=MESSAGES, max_tokens=5)
+    raw = c.chat.completions.with_raw_response.create(model="sim-model", messages=MESSAGES,
+                                                      max_completion_tokens=7)
+    second = raw.parse()
+    assert raw.headers["x-replica-name"] == "sim-a"
+    assert first.system_fingerprint == "sim-a" and "sim-a" in first.id
+    assert first.object == "chat.completion"
+    assert first.choices[0].message.role == "assistant"
+    assert first.choices[0].finish_reason == "length"
+    assert len(first.choices[0].message.content.split()) == 5
+    assert first.usage.completion_tokens == 5 and second.usage.completion_tokens == 7
+    assert first.usage.prompt_tokens == second.usage.prompt_tokens > 100
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    # same prompt again: all its full blocks but the last token's come from the cache
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached == (second.usage.prompt_tokens - 1) // 16 * 16 and cached > 0
+    # deterministic text for the same prompt
+    assert second.choices[0].message.content.startswith(first.choices[0].message.content)
+
+
+def test_chat_streamed_through_openai_client(replica: Callable[..., str]) -> None:
+    c = client(replica())
+    chunks = list(c.chat.completions.create(model="sim-model", messages=MESSAGES, max_tokens=4,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert all(ch.object == "chat.completion.chunk" for ch in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    content = [ch.choices[0].delta.content for ch in chunks[1:] if ch.choices]
+    assert len(content) == 4 and all(content)
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+    assert finishes[-1] == "length" and finishes[:-1] == [None] * (len(finishes) - 1)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 0
+    assert {ch.system_fingerprint for ch in chunks} == {"sim-a"}
+
+
+def test_stream_ends_with_done_and_has_no_usage_unless_asked(replica: Callable[..., str]) -> None:
+    url = replica()
+    r = HTTP.post(url + "/v1/chat/completions", json={
+        "messages": MESSAGES, "max_tokens": 3, "stream": True})
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = [e for e in r.text.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    assert all(e.startswith("data: ") for e in events)
+    assert '"usage"' not in r.text
+    assert len(events) == 1 + 3 + 1  # role chunk, three tokens, [DONE]
+
+
+def test_completions_with_text_and_token_ids(replica: Callable[..., str]) -> None:
+    c = client(replica())
+    text = c.completions.create(model="sim-model", prompt="hello " * 50, max_tokens=3)
+    assert text.object == "text_completion" and len(text.choices[0].text.split()) == 3
+    ids = list(range(40))
+    first = c.completions.create(model="sim-model", prompt=ids, max_tokens=2)
+    again = c.completions.create(model="sim-model", prompt=ids, max_tokens=2)
+    assert first.usage.prompt_tokens == 40
+    assert again.usage.prompt_tokens_details.cached_tokens == 32
+    streamed = list(c.completions.create(model="sim-model", prompt=ids, max_tokens=2, stream=True))
+    assert [ch.choices[0].finish_reason for ch in streamed] == [None, "length"]
+
+
+def test_default_max_tokens_and_tokenize(replica: Callable[..., str]) -> None:
+    url = replica(default_max_tokens=6)
+    r = HTTP.post(url + "/v1/completions", json={"prompt": "one two three"}).json()
+    assert r["usage"]["completion_tokens"] == 6
+    tok = HTTP.post(url + "/tokenize", json={"prompt": "one two three"}).json()
+    assert tok["count"] == r["usage"]["prompt_tokens"] == len(tok["tokens"])
+    chat_tok = HTTP.post(url + "/tokenize", json={"messages": MESSAGES}).json()
+    chat = HTTP.post(url + "/v1/chat/completions", json={"messages": MESSAGES}).json()
+    assert chat_tok["count"] == chat["usage"]["prompt_tokens"]
+
+
+def test_models_health_and_sglang_worker_info(replica: Callable[..., str]) -> None:
+    url = replica(model="m1", model_path="/models/m1")
+    models = HTTP.get(url + "/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["m1"]
+    health = HTTP.get(url + "/health")
+    assert health.status_code == 200 and health.headers["x-replica-name"] == "sim-a"
+    for path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
+        assert HTTP.get(url + path).json()["model_path"] == "/models/m1"
+
+
+@pytest.mark.parametrize(("path", "body", "status"), [
+    ("/v1/chat/completions", {"messages": []}, 400),            # no messages
+    ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 0}, 400),
+    ("/v1/completions", {"prompt": {"x": 1}}, 400),               # not text nor ids
+    ("/v1/completions", {"prompt": "x " * 200, "max_tokens": 5000}, 400),   # > max_model_len
+    ("/v1/nothing", {}, 404),
+])
+def test_bad_requests_get_vllm_error_objects(replica: Callable[..., str], path: str,
+                                             body: dict[str, Any], status: int) -> None:
+    r = HTTP.post(replica(max_model_len=1024) + path, json=body)
+    assert r.status_code == status
+    assert r.json()["object"] == "error" and r.json()["code"] == status
+
+
+def test_invalid_json_is_400(replica: Callable[..., str]) -> None:
+    r = HTTP.post(replica() + "/v1/completions", content=b"{nope")
+    assert r.status_code == 400
+
+
+def test_instant_replica_answers_and_still_counts_hits(replica: Callable[..., str]) -> None:
+    url = replica(instant=True)
+    c = client(url)
+    for _ in range(2):
+        c.chat.completions.create(model="sim-model", messages=MESSAGES, max_tokens=3)
+    streamed = list(c.chat.completions.create(model="sim-model", messages=MESSAGES, max_tokens=3,
+                                              stream=True))
+    assert streamed[-1].choices[0].finish_reason == "length"
+    m = parse(HTTP.get(url + "/metrics").text)
+    assert m["vllm:prefix_cache_hits_total"] > 0
+    assert m["sim:requests_total"] == 3
