@@ -235,7 +235,9 @@ def _conversation(
         return None
     for message in messages:
         if isinstance(message, Mapping) and message.get("role") == "user":
-            text = _text_of(message.get("content"))[: config.max_prefix_chars]
+            text = _identity_text(message.get("content"))[: config.max_prefix_chars]
+            if not text:
+                return None  # an empty opener would merge unrelated conversations into one
             model = body.get("model")
             seed = f"{model if isinstance(model, str) else ''}{_HEADER_END}{text}"
             return "c-" + xxhash.xxh3_128_hexdigest(seed.encode("utf-8", "surrogatepass"))
@@ -280,8 +282,17 @@ def _text_parts(content: Any) -> tuple[str, bool]:
     return "\n".join(texts), True
 
 
-def _text_of(content: Any) -> str:
-    return _text_parts(content)[0]
+def _identity_text(content: Any) -> str:
+    """A message's content as identity text: the string, else its canonical JSON (so an
+    image-only opener still identifies its conversation)."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    try:
+        return json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError):
+        return ""
 
 
 def _prompt_content(prompt: Any, config: KeyConfig) -> tuple[str, bool]:

@@ -16,8 +16,9 @@
   under cap. So one conversation of a hot prefix keeps landing on the same replica turn after
   turn, while different conversations spread over a few replicas (which then all cache the
   hot prefix). Without a conversation the walk order itself is used. Branch ``spill``.
-- Nobody under cap (possible transiently, e.g. scraped loads running ahead) -> least
-  load/weight, ties in ring order (branch ``fallback``).
+- Nobody under cap -> least load/weight, ties in ring order (branch ``fallback``). With
+  ``c >= 1`` the caps sum to at least ``c * (L + 1) > L``, so some replica is always under cap
+  and this branch is a guard, not a path: it keeps the policy total should the cap rule change.
 - Key with neither prefix nor conversation -> least loaded, ties by name (``least_loaded``).
 
 Invariant: whenever some available replica is under cap, the chosen one is under cap, so no

@@ -212,6 +212,18 @@ def test_next_turn_resending_history_keeps_derived_conversation() -> None:
     assert key(turn1).source is KeySource.CONVERSATION
 
 
+def test_derived_conversation_uses_non_text_openers_and_skips_empty_ones() -> None:
+    def opener(url: str) -> dict[str, Any]:
+        return chat(
+            sys("Be brief."),
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]},
+        )
+
+    assert key(opener("a.png")).conversation != key(opener("b.png")).conversation
+    assert key(opener("a.png")).conversation == key(opener("a.png")).conversation
+    assert key(chat(sys("Be brief."), user(""))).source is KeySource.NONE
+
+
 def test_prefix_is_xxh3_128_of_canonical_prefix() -> None:
     body = chat(sys(SYS), user("q"), tools=[TOOL_A])
     k = key(body)
