@@ -250,7 +250,7 @@ class RouterApp:
         sock.bind((admin.host or self.settings.listen.host, admin.port or 0))
         sock.set_inheritable(True)
         config = uvicorn.Config(self.admin_app, lifespan="off", log_level="warning",
-                                access_log=False)
+                                interface="asgi3", access_log=False)
         server = self._admin = uvicorn.Server(config)
         # _serve skips capture_signals: the outer server owns SIGINT/SIGTERM
         serve = getattr(server, "_serve", server.serve)

@@ -169,7 +169,8 @@ def run_uvicorn(settings: Settings) -> None:
 
     common: dict[str, Any] = dict(
         host=settings.listen.host, port=settings.listen.port, loop="uvloop", http="httptools",
-        lifespan="on", log_config=log_config(settings), log_level=settings.logging.level,
+        lifespan="on", interface="asgi3", log_config=log_config(settings),
+        log_level=settings.logging.level,
         access_log=False, server_header=False, date_header=False,
         timeout_graceful_shutdown=settings.shutdown.grace_period)
     if settings.workers == 1:

@@ -116,7 +116,8 @@ def sse_error_event(err: RouterError) -> bytes:
 
 @contextlib.contextmanager
 def translate_upstream(replica: str, phase: str) -> Iterator[None]:
-    """Re-raise transport failures talking to `replica` as UpstreamError (phase: for the message)."""
+    """Re-raise transport failures talking to `replica` as UpstreamError (`phase` is for the
+    message)."""
     try:
         yield
     except UpstreamError:

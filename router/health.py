@@ -205,7 +205,8 @@ class HealthMonitor:
                                    timeout=aiohttp.ClientTimeout(total=self.health.timeout)) as r:
                 if r.status == 200:
                     load = parse_vllm_metrics(await r.text())
-        replica.running, replica.waiting, replica.kv_usage = load.running, load.waiting, load.kv_usage
+        replica.running, replica.waiting = load.running, load.waiting
+        replica.kv_usage = load.kv_usage
 
     async def scrape_once(self, session: aiohttp.ClientSession) -> None:
         await asyncio.gather(*(self.scrape_one(session, r) for r in self.replicas.states()))

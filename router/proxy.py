@@ -128,7 +128,8 @@ class Forwarder:
             url = self._urls[k] = URL(text, encoded=True)
         return url
 
-    def request_headers(self, scope_headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    def request_headers(self, scope_headers: Iterable[tuple[bytes, bytes]]
+                        ) -> list[tuple[str, str]]:
         headers = strip_hop_by_hop(scope_headers, _REQUEST_RECOMPUTED)
         auth = self.up.upstream_auth
         if auth is not None:

@@ -219,7 +219,8 @@ class DiscoverySettings:
         k8s = KubernetesDiscovery.parse(k8s_r)
         k8s_r.done()
         if kind == "dns" and dns.name is None:
-            raise SettingsError(f"{dns_r.key('name')}: required when discovery.type is dns, got None")
+            raise SettingsError(f"{dns_r.key('name')}: required when discovery.type is dns, "
+                                "got None")
         return cls(type=kind, dns=dns, kubernetes=k8s)
 
 
@@ -246,7 +247,8 @@ class RoutingSettings:
                 session_header=r.string("session_header", cls.session_header))
         if s.max_prefix_chars < s.min_prefix_chars:
             raise SettingsError(f"{r.key('max_prefix_chars')}: expected an integer >= "
-                                f"min_prefix_chars ({s.min_prefix_chars}), got {s.max_prefix_chars!r}")
+                                f"min_prefix_chars ({s.min_prefix_chars}), "
+                                f"got {s.max_prefix_chars!r}")
         return s
 
 
@@ -267,7 +269,8 @@ class HealthSettings:
                 readmit_backoff_max=r.number("readmit_backoff_max", cls.readmit_backoff_max, gt=0))
         if s.readmit_backoff_max < s.readmit_backoff:
             raise SettingsError(f"{r.key('readmit_backoff_max')}: expected a number >= "
-                                f"readmit_backoff ({s.readmit_backoff:g}), got {s.readmit_backoff_max!r}")
+                                f"readmit_backoff ({s.readmit_backoff:g}), "
+                                f"got {s.readmit_backoff_max!r}")
         return s
 
 
