@@ -115,7 +115,7 @@ class BoundedLoadPrefixPolicy:
             return None
         ring_key = key.ring_key
         if ring_key is None:
-            return _by_load(available, sorted(available), Branch.LEAST_LOADED, None)
+            return _least_loaded_decision(key, available, ring)
         order = _ring_order(ring, ring_key, available)
         home = order[0]
         total_load = sum(r.load() for r in available.values())
@@ -168,13 +168,7 @@ class LeastLoadedPolicy:
         self, key: RoutingKey, replicas: Sequence[ReplicaState], ring: Ring, seq: int
     ) -> Decision | None:
         available = _available(replicas)
-        if not available:
-            return None
-        ring_key = key.ring_key
-        if ring_key is None:
-            return _by_load(available, sorted(available), Branch.LEAST_LOADED, None)
-        order = _ring_order(ring, ring_key, available)
-        return _by_load(available, order, Branch.LEAST_LOADED, order[0])
+        return _least_loaded_decision(key, available, ring) if available else None
 
 
 def make_policy(name: str, load_factor: float = 1.25, spill_width: int = 3) -> Policy:
@@ -220,6 +214,17 @@ def _relative_load(r: ReplicaState) -> float:
 def _least_loaded(available: dict[str, ReplicaState], order: Sequence[str]) -> str:
     """Least load per unit of weight; ties go to the earliest in ``order``."""
     return min(order, key=lambda n: _relative_load(available[n]))
+
+
+def _least_loaded_decision(
+    key: RoutingKey, available: dict[str, ReplicaState], ring: Ring
+) -> Decision:
+    """Least loaded; ties in ring order from the key's home, or by name without a key."""
+    ring_key = key.ring_key
+    if ring_key is None:
+        return _by_load(available, sorted(available), Branch.LEAST_LOADED, None)
+    order = _ring_order(ring, ring_key, available)
+    return _by_load(available, order, Branch.LEAST_LOADED, order[0])
 
 
 def _by_load(
