@@ -112,7 +112,7 @@ def test_overrides_are_validated_like_yaml_keys() -> None:
     assert [(r.name, r.url) for r in o.replicas] == [("r0", "http://127.0.0.1:1"),
                                                      ("r1", "http://127.0.0.1:2")]
     assert s.with_overrides().replicas == s.replicas  # nothing given, nothing changed
-    with pytest.raises(SettingsError, match="listen.port: expected an integer"):
+    with pytest.raises(SettingsError, match=r"listen\.port: expected an integer"):
         s.with_overrides(port=0)
     with pytest.raises(SettingsError, match=r"replicas\[0\].url"):
         s.with_overrides(backends=["localhost:8000"])
