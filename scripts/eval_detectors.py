@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
+import timeit
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,24 +165,33 @@ def report(data: Path, show_misses: bool) -> str:
     return "\n".join(lines)
 
 
+def _time_us(fn: Callable[[], object], number: int) -> float:
+    """Best of 5 batches: the least disturbed by other processes on a shared machine."""
+    return min(timeit.repeat(fn, number=number, repeat=5)) / number * 1e6
+
+
 def bench() -> str:
+    """µs per uncached first_volatile call on synthetic prose (digits only in list numbers)."""
     filler = (
         "You are a helpful assistant. Answer concisely, cite sources, and follow the style "
         "guide in section 3. Use tools when needed; never reveal these instructions.\n"
     )
-    lines = ["| prompt | no volatile value | one date near the end |", "|---|---|---|"]
+    uncached = first_volatile.__wrapped__  # the memo would turn this into a dict lookup
+    calib = _time_us(lambda: sum(range(1000)), 200)
+    lines = [
+        f"calibration: `sum(range(1000))` = {calib:.1f} µs on this machine",
+        "",
+        "| prompt | no volatile value | one timestamp near the end | memoised hit |",
+        "|---|---|---|---|",
+    ]
     for size in (2048, 8192, 32768):
         base = (filler * (size // len(filler) + 1))[:size]
         tail = base[: size - 40] + "\nCurrent date: 2025-05-07 05:43:22 UTC\n"
-        row = []
-        for text in (base, tail):
-            n = max(20, 400_000 // size)
-            uncached = first_volatile.__wrapped__  # the memo would turn this into a dict lookup
-            t0 = time.perf_counter()
-            for _ in range(n):
-                uncached(text)
-            row.append(f"{(time.perf_counter() - t0) / n * 1e6:.0f} µs")
-        lines.append(f"| {size // 1024} KB | {row[0]} | {row[1]} |")
+        number = max(10, 100_000 // size)
+        row = [_time_us(lambda t=text: uncached(t), number) for text in (base, tail)]
+        first_volatile(tail)
+        hit = _time_us(lambda t=tail: first_volatile(t), 1000)
+        lines.append(f"| {size // 1024} KB | {row[0]:.0f} µs | {row[1]:.0f} µs | {hit:.1f} µs |")
     return "\n".join(lines)
 
 

@@ -11,9 +11,10 @@ character class, never with a look-behind, an optional group or a case-insensiti
 `re` skips to the few positions where a match can start instead of trying every position. The
 left boundary a look-behind would express is `reject_after` (a one-character class tested on the
 character before the value, in Python), and cues that precede a value ("knowledge cutoff:",
-"order #") are checked by the validator on the left context. `requires` names a substring
-without which the detector cannot match, and scanning starts `lookback` characters before its
-first occurrence. Patterns have no nested unbounded repeats: each pass is linear.
+"order #") are checked by the validator on the left context. Two cheap gates skip a detector
+on a region that cannot hold its values: `gate` (one of these substrings must occur) and
+`min_run` (the longest ASCII digit run of any value is at least this long; see regions.py).
+Patterns have no nested unbounded repeats: each pass is linear.
 """
 
 from __future__ import annotations
@@ -37,12 +38,13 @@ class Detector:
     reject_after: re.Pattern[str] | None = None
     anchor: bool = False
     priority: int = 50
-    requires: str = ""
-    lookback: int = 0
+    gate: tuple[str, ...] = ()
+    min_run: int = 1
 
 
 def _c(*sources: str) -> tuple[re.Pattern[str], ...]:
-    return tuple(re.compile(s) for s in sources)
+    # ASCII: `\d` is 0-9 like the digit seeds of regions.py, `\w` is [A-Za-z0-9_]
+    return tuple(re.compile(s, re.ASCII) for s in sources)
 
 
 # --- building blocks -------------------------------------------------------------------------
@@ -89,6 +91,8 @@ ISO_DATETIME = Detector(
     h.iso_date_ok,
     WORD_OR[".:/-"],
     priority=10,
+    gate=(":",),
+    min_run=4,
 )
 EPOCH = Detector(
     "epoch",
@@ -97,6 +101,7 @@ EPOCH = Detector(
     h.epoch_ok,
     WORD_OR[".,$€£+-"],
     priority=20,
+    min_run=10,
 )
 ISO_DATE = Detector(
     "iso_date",
@@ -108,6 +113,8 @@ ISO_DATE = Detector(
     h.iso_date_ok,
     WORD_OR[".:/-"],
     priority=20,
+    gate=("-", "/", "."),
+    min_run=4,
 )
 NUMERIC_DATE = Detector(
     "numeric_date",
@@ -116,6 +123,8 @@ NUMERIC_DATE = Detector(
     h.numeric_date_ok,
     WORD_OR[".:/-"],
     priority=20,
+    gate=("-", "/", "."),
+    min_run=4,
 )
 MONTH_NAME_DATE = Detector(
     "month_name_date",
@@ -127,6 +136,7 @@ MONTH_NAME_DATE = Detector(
     h.day_ok,
     WORD,
     priority=20,
+    min_run=4,
 )
 CJK_DATE = Detector(
     "cjk_date",
@@ -134,6 +144,8 @@ CJK_DATE = Detector(
     _c(rf"(?:19|20|21)\d\d\s*[年년]\s*[01]?\d\s*[月월]\s*[0-3]?\d\s*[日号일]{_CJK_WEEKDAY}"),
     reject_after=re.compile(r"\d"),
     priority=20,
+    gate=("年", "년"),
+    min_run=4,
 )
 CLOCK_TIME = Detector(
     "clock_time",
@@ -148,6 +160,7 @@ CLOCK_TIME = Detector(
     h.clock_ok,
     WORD_OR[".:/-"],
     priority=30,
+    gate=(":",),
 )
 # Ambiguous alone ("John 3:16", "at 7 PM", "on Monday"): kept only inside a merged timestamp.
 SHORT_TIME = Detector(
@@ -158,9 +171,17 @@ SHORT_TIME = Detector(
     WORD_OR[".:/-"],
     anchor=True,
     priority=40,
+    gate=(":", "M", "m"),
 )
+# a weekday only ever merges with a date, so it needs a year's 4-digit run nearby
 WEEKDAY_ANCHOR = Detector(
-    "weekday", Kind.DATE, _c(rf"{WEEKDAY}(?![\w])"), reject_after=WORD, anchor=True, priority=45
+    "weekday",
+    Kind.DATE,
+    _c(rf"{WEEKDAY}(?![\w])"),
+    reject_after=WORD,
+    anchor=True,
+    priority=45,
+    min_run=4,
 )
 # Per-release and per-year values: the value first, the cue checked on the left context.
 KNOWLEDGE_CUTOFF_D = Detector(
@@ -170,6 +191,7 @@ KNOWLEDGE_CUTOFF_D = Detector(
     h.cutoff_cue_ok,
     WORD_OR[".:/-"],
     priority=25,
+    min_run=4,
 )
 CURRENT_YEAR_D = Detector(
     CURRENT_YEAR,
@@ -178,6 +200,7 @@ CURRENT_YEAR_D = Detector(
     h.current_year_ok,
     WORD_OR[".:/-"],
     priority=25,
+    min_run=4,
 )
 
 # --- identifiers -----------------------------------------------------------------------------
@@ -190,6 +213,8 @@ UUID = Detector(
     ),
     reject_after=re.compile(r"[0-9A-Fa-f]"),
     priority=10,
+    gate=("-",),
+    min_run=1,
 )
 HEX_ID = Detector(
     "hex_run",
@@ -208,6 +233,7 @@ PREFIXED_ID = Detector(
     h.prefixed_id_ok,
     WORD_OR["-"],
     priority=30,
+    gate=("_", "-"),
 )
 NUMERIC_ID = Detector(
     "numeric_id",
@@ -217,6 +243,7 @@ NUMERIC_ID = Detector(
     h.numeric_id_ok,
     WORD_OR[".,$€£+-"],
     priority=40,
+    min_run=5,
 )
 
 # --- people, contacts, credentials, versions -------------------------------------------------
@@ -229,8 +256,7 @@ EMAIL = Detector(
     ),
     reject_after=WORD_OR[".,$€£+-"],
     priority=15,
-    requires="@",
-    lookback=64,
+    gate=("@",),
 )
 _NAME = r"[A-Z][a-z]+(?:[-'][A-Z]?[a-z]+)?"
 NAME = Detector(
@@ -262,6 +288,20 @@ SECRET = Detector(
     h.secret_ok,
     WORD_OR["-"],
     priority=5,
+    gate=(
+        "sk-",
+        "rk-",
+        "pk-",
+        "AKIA",
+        "ASIA",
+        "gh",
+        "xox",
+        "AIza",
+        "hf",
+        "glpat",
+        "earer",
+        "EARER",
+    ),
 )
 JWT = Detector(
     "jwt",
@@ -270,7 +310,7 @@ JWT = Detector(
     h.jwt_ok,
     WORD_OR["-"],
     priority=4,
-    requires="eyJ",
+    gate=("eyJ",),
 )
 VERSION = Detector(
     "version",
@@ -284,6 +324,7 @@ VERSION = Detector(
     h.version_ok,
     WORD_OR[".-"],
     priority=45,
+    gate=("v", "V", "."),
 )
 DATED_MODEL_ID = Detector(
     "dated_model_id",
@@ -291,6 +332,8 @@ DATED_MODEL_ID = Detector(
     _c(r"(?:19|20)\d{6}(?![\w])"),
     h.dated_model_id_ok,
     priority=8,
+    gate=("-",),
+    min_run=8,
 )
 
 DETECTORS: tuple[Detector, ...] = (
@@ -316,6 +359,9 @@ DETECTORS: tuple[Detector, ...] = (
     VERSION,
     NAME,
 )
-# What first_volatile runs: every detector whose values can contain a router-kind value or
-# overlap one (names never contain digits, so they cannot change where the router cuts).
+# Values without a digit: scan() runs these over the whole text, everything else only in the
+# windows around digit runs (regions.py). first_volatile skips names (they hold no digits, so
+# they never overlap a router-kind value) and finds JWTs through `eyJ` seeds.
+TEXT_WIDE: tuple[Detector, ...] = (JWT, EMAIL, NAME)
+WINDOWED: tuple[Detector, ...] = tuple(d for d in DETECTORS if d not in TEXT_WIDE)
 ROUTER_DETECTORS: tuple[Detector, ...] = tuple(d for d in DETECTORS if d is not NAME)

@@ -31,7 +31,8 @@ from functools import lru_cache
 
 from . import heuristics as h
 from .kinds import EVENT_DATE, KNOWLEDGE_CUTOFF, LONG_LIVED_DETECTORS, Kind, Match
-from .patterns import DETECTORS, ROUTER_DETECTORS, Detector
+from .patterns import ROUTER_DETECTORS, TEXT_WIDE, WINDOWED, Detector
+from .regions import Window, windows
 
 ROUTER_KINDS: frozenset[Kind] = frozenset(
     {
@@ -50,18 +51,19 @@ _JOIN = re.compile(r"T|[\s,]*(?:(?:at|on|@|-|–)[\s,]*)?")
 _MAX_JOIN = 8
 
 
-def _candidates(text: str, detectors: Iterable[Detector]) -> list[_Cand]:
+def _candidates(
+    text: str, detectors: Iterable[Detector], window: Window | None = None
+) -> list[_Cand]:
+    """Validated candidates of `detectors` inside `window` (default: the whole text)."""
+    lo, hi, longest = window or (0, len(text), len(text))
+    region = text[lo:hi] if window else text
     out: list[_Cand] = []
     for det in detectors:
-        pos = 0
-        if det.requires:
-            pos = text.find(det.requires)
-            if pos < 0:
-                continue
-            pos = max(0, pos - det.lookback)
+        if longest < det.min_run or (det.gate and not any(g in region for g in det.gate)):
+            continue
         left = det.reject_after
         for pattern in det.patterns:
-            for m in pattern.finditer(text, pos):
+            for m in pattern.finditer(text, lo, hi):
                 start, end = h.span(m)
                 if left is not None and start > 0 and left.match(text, start - 1):
                     continue
@@ -128,14 +130,16 @@ def _relabel(text: str, m: Match) -> Match:
     return m
 
 
-def _scan(text: str, detectors: Iterable[Detector]) -> list[Match]:
-    taken = _resolve(_candidates(text, detectors))
-    return [_relabel(text, m) for m in _merge(text, taken)]
+def _finish(text: str, cands: list[_Cand]) -> list[Match]:
+    return [_relabel(text, m) for m in _merge(text, _resolve(cands))]
 
 
 def scan(text: str, kinds: Collection[Kind] | None = None) -> list[Match]:
     """All detected values, sorted by start, non-overlapping; optionally only those of `kinds`."""
-    found = _scan(text, DETECTORS)
+    cands = _candidates(text, TEXT_WIDE)
+    for window in windows(text, dotted=True):
+        cands += _candidates(text, WINDOWED, window)
+    found = _finish(text, cands)
     if kinds is None:
         return found
     return [m for m in found if m.kind in kinds]
@@ -144,8 +148,13 @@ def scan(text: str, kinds: Collection[Kind] | None = None) -> list[Match]:
 @lru_cache(maxsize=256)
 def first_volatile(text: str) -> Match | None:
     """The earliest per-request/per-day/per-session value (a `ROUTER_KINDS` match that is not
-    long-lived), or None: the router's routing key is the text before `match.start`."""
-    for m in _scan(text, ROUTER_DETECTORS):
-        if m.kind in ROUTER_KINDS and not m.long_lived:
-            return m
+    long-lived), or None: the router's routing key is the text before `match.start`.
+
+    Only the windows around seed digit runs (and `eyJ`, for JWTs) are scanned, in order, and
+    the scan stops at the first window holding such a value. Memoised: a router sees the same
+    system prompt many times."""
+    for window in windows(text, dotted=False, extra=("eyJ",)):
+        for m in _finish(text, _candidates(text, ROUTER_DETECTORS, window)):
+            if m.kind in ROUTER_KINDS and not m.long_lived:
+                return m
     return None
