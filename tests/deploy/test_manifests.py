@@ -1,0 +1,191 @@
+"""deploy/: the kustomizations render, validate offline against the Kubernetes 1.32 schemas
+(kubernetes-validate bundles them), and hold the properties the router depends on."""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from router.settings import Settings
+from tests.deploy.kustomize import find, kubectl, normalise, render_python
+from tests.deploy.kustomize import render as _render
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+TREES = ["base", "examples/vllm", "examples/monitoring"]
+K8S_VERSION = "1.32.0"
+
+
+@functools.cache
+def _rendered(path: str) -> str:
+    return yaml.safe_dump_all(_render(DEPLOY / path))
+
+
+def render(path: Path) -> list[dict[str, Any]]:
+    """Rendered once per tree (kubectl takes ~1 s to start); each caller gets its own copy."""
+    return [d for d in yaml.safe_load_all(_rendered(str(path.relative_to(DEPLOY)))) if d]
+
+
+@pytest.fixture(scope="module", params=TREES)
+def tree(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
+    return request.param, render(DEPLOY / request.param)
+
+
+@pytest.fixture(scope="module")
+def example() -> list[dict[str, Any]]:
+    return render(DEPLOY / "examples/vllm")
+
+
+def router_pod(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    return find(objs, "Deployment", "prefix-router")["spec"]["template"]  # type: ignore[no-any-return]
+
+
+def router_config(objs: list[dict[str, Any]]) -> tuple[str, Settings]:
+    text = find(objs, "ConfigMap", "prefix-router-config")["data"]["router.yaml"]
+    return text, Settings.from_dict(yaml.safe_load(text))
+
+
+@pytest.mark.parametrize("path", TREES)
+def test_fallback_renderer_matches_kubectl(path: str) -> None:
+    if not kubectl():
+        pytest.skip("kubectl not installed: the Python renderer is used alone")
+    assert normalise(render_python(DEPLOY / path)) == normalise(render(DEPLOY / path))
+
+
+def test_every_object_validates_strictly(tree: tuple[str, list[dict[str, Any]]]) -> None:
+    _, objs = tree
+    for obj in objs:
+        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # a CRD: checked in test_servicemonitor_component
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_validator_is_not_a_no_op() -> None:
+    bad = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"},
+           "spec": {"ports": [{"port": "eighty"}], "selectr": {}}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
+
+
+def test_router_pod_security(tree: tuple[str, list[dict[str, Any]]]) -> None:
+    spec = router_pod(tree[1])["spec"]
+    pod_sc = spec["securityContext"]
+    assert pod_sc["runAsNonRoot"] is True and pod_sc["runAsUser"] != 0
+    assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    for c in spec["containers"]:
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert "memory" in c["resources"]["limits"] and "cpu" in c["resources"]["requests"]
+        # a read-only root still needs a writable /tmp
+        assert any(m["mountPath"] == "/tmp" for m in c["volumeMounts"])
+
+
+def test_router_probes_config_and_shutdown(tree: tuple[str, list[dict[str, Any]]]) -> None:
+    objs = tree[1]
+    deployment = find(objs, "Deployment", "prefix-router")
+    assert deployment["spec"]["replicas"] >= 2
+    spec = router_pod(objs)["spec"]
+    (c,) = spec["containers"]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+    text, settings = router_config(objs)
+    assert settings.discovery.type == "kubernetes"
+    assert settings.discovery.kubernetes.kubeconfig is None  # in-cluster credentials
+    assert c["ports"][0]["containerPort"] == settings.listen.port
+    # the config file the image's CMD reads is the mounted ConfigMap
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "config")
+    assert mount["mountPath"] == "/etc/prefix-router" and mount["readOnly"] is True
+    volume = next(v for v in spec["volumes"] if v["name"] == "config")
+    assert volume["configMap"]["name"] == find(objs, "ConfigMap",
+                                               "prefix-router-config")["metadata"]["name"]
+    # endpoints drain first (preStop sleep), then the router's own grace period, with margin
+    sleep = int(c["lifecycle"]["preStop"]["exec"]["command"][1])
+    assert sleep >= 5
+    assert spec["terminationGracePeriodSeconds"] >= sleep + settings.shutdown.grace_period + 5
+    assert str(spec["terminationGracePeriodSeconds"]) in text  # the config says how it matches
+
+
+def test_rbac_is_exactly_get_list_watch_on_endpointslices(
+        tree: tuple[str, list[dict[str, Any]]]) -> None:
+    objs = tree[1]
+    assert not [o for o in objs if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    role = find(objs, "Role")
+    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                              "verbs": ["get", "list", "watch"]}]
+    binding = find(objs, "RoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    sa = find(objs, "ServiceAccount")
+    pod = router_pod(objs)["spec"]
+    assert pod["serviceAccountName"] == sa["metadata"]["name"]
+    (subject,) = binding["subjects"]
+    assert subject["kind"] == "ServiceAccount" and subject["name"] == sa["metadata"]["name"]
+    assert subject["namespace"] == sa["metadata"].get("namespace", "default")
+
+
+def test_selectors_and_targets_line_up(tree: tuple[str, list[dict[str, Any]]]) -> None:
+    objs = tree[1]
+    labels = router_pod(objs)["metadata"]["labels"]
+
+    def selects(selector: dict[str, str]) -> bool:
+        return all(labels.get(k) == v for k, v in selector.items())
+
+    assert selects(find(objs, "Service", "prefix-router")["spec"]["selector"])
+    assert selects(find(objs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"])
+    assert selects(find(objs, "NetworkPolicy", "prefix-router")["spec"]["podSelector"]
+                   ["matchLabels"])
+    hpa = find(objs, "HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                             "name": "prefix-router"}
+    assert hpa["spec"]["minReplicas"] >= 2
+    assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+    assert find(objs, "PodDisruptionBudget")["spec"]["minAvailable"] >= 1
+
+
+def test_example_wires_router_to_the_vllm_statefulset(example: list[dict[str, Any]]) -> None:
+    _, settings = router_config(example)
+    k8s = settings.discovery.kubernetes
+    ns = find(example, "Namespace")["metadata"]["name"]
+    assert {o["metadata"].get("namespace") for o in example if o["kind"] != "Namespace"} == {ns}
+    assert k8s.namespace == ns
+    service = find(example, "Service", k8s.service)
+    assert service["spec"]["clusterIP"] == "None"  # headless
+    assert k8s.port_name in [p["name"] for p in service["spec"]["ports"]]
+    sts = find(example, "StatefulSet")
+    assert sts["spec"]["serviceName"] == k8s.service
+    pod = sts["spec"]["template"]
+    assert all(pod["metadata"]["labels"].get(k) == v
+               for k, v in service["spec"]["selector"].items())
+    (c,) = pod["spec"]["containers"]
+    assert c["command"] == ["vllm", "serve"] and "--enable-prefix-caching" in c["args"]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+    # the router's NetworkPolicy lets it reach these pods on their port
+    egress = find(example, "NetworkPolicy", "prefix-router")["spec"]["egress"]
+    vllm_rule = next(r for r in egress if "to" in r and "podSelector" in r["to"][0])
+    assert all(pod["metadata"]["labels"].get(k) == v
+               for k, v in vllm_rule["to"][0]["podSelector"]["matchLabels"].items())
+    assert c["ports"][0]["containerPort"] in [p["port"] for p in vllm_rule["ports"]]
+    text = (DEPLOY / "examples/vllm/vllm-statefulset.yaml").read_text()
+    assert re.search(r"#\s*-\s*--kv-events-config", text)  # commented, for later
+
+
+def test_servicemonitor_only_in_the_monitoring_component() -> None:
+    assert not [o for o in render(DEPLOY / "base") if o["kind"] == "ServiceMonitor"]
+    assert not [o for o in render(DEPLOY / "examples/vllm") if o["kind"] == "ServiceMonitor"]
+    objs = render(DEPLOY / "examples/monitoring")
+    sm = find(objs, "ServiceMonitor")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    service = find(objs, "Service", "prefix-router")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] in [p["name"] for p in service["spec"]["ports"]]
+    assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
