@@ -96,6 +96,7 @@ class _TemplateState:
     roles: tuple[tuple[int, int, Role], ...]
     tools_json: str
     is_chat: bool
+    reference: str = ""
     requests: int = 0
     spans: list[_SpanStats] = field(default_factory=list)
     overflow: int = 0  # spans dropped beyond MAX_SPANS
@@ -237,6 +238,7 @@ class Auditor:
             id=tid, static_text=prompt.static_text, static_ids=static_ids,
             offsets=offs[:static_tok], hashes=block_hashes(static_ids, self.block_size),
             roles=prompt.roles, tools_json=prompt.tools_json, is_chat=prompt.is_chat,
+            reference=f"{record.file}:{record.line}",
         )
         if prompt.is_chat and self._dynamic_template:
             self._probe(tpl, record)
@@ -295,7 +297,7 @@ class Auditor:
             static_tokens = len(tpl.static_ids)
             shared = min((f.first_token for f in tf), default=static_tokens)
             templates.append(Template(tpl.id, tpl.requests, shared, static_tokens,
-                                      _example_prefix(tpl)))
+                                      _example_prefix(tpl), tpl.reference))
         templates.sort(key=lambda t: (-t.requests, t.id))
         order = {t.id: i for i, t in enumerate(templates)}
         findings.sort(key=lambda f: (order[f.template], f.first_token))
@@ -344,6 +346,8 @@ class Auditor:
             before=before,
             after=after[:CONTEXT_CHARS],
             distinct_values_capped=st.capped,
+            char_start=st.ref_start,
+            char_end=st.ref_end,
         )
 
 

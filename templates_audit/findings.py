@@ -30,7 +30,7 @@ from templates_audit.detectors import Kind, classify, is_secret, scan
 __all__ = ["Span", "diff_spans", "line_spans"]
 
 _WORDS = re.compile(r"\w+|\s+|[^\w\s]")
-_JOINERS = frozenset("-_:/.@+#'")  # characters that glue one value together ("2024-05-20", "a.b@c")
+_JOINERS = frozenset("-_:.@+#'")  # characters that glue one value together ("2024-05-20", "a.b@c")
 
 
 @dataclass(frozen=True)

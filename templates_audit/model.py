@@ -69,6 +69,8 @@ class Finding:
     before: str = ""
     after: str = ""
     distinct_values_capped: bool = False
+    char_start: int = 0  # the span in the template's reference prompt (characters)
+    char_end: int = 0
 
     @property
     def id(self) -> str:
@@ -89,6 +91,7 @@ class Template:
     shared_prefix_tokens: int  # where the prefix shared by all its requests ends
     static_tokens: int  # length of the static part (system/developer/tools) of the reference
     example_prefix: str  # the start of the reference's static part
+    reference: str = ""  # "file:line" of the request the template's spans are located in
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ def _template(t: Template) -> dict[str, Any]:
         "shared_prefix_tokens": t.shared_prefix_tokens,
         "static_tokens": t.static_tokens,
         "example_prefix": t.example_prefix,
+        "reference": t.reference,
     }
 
 
@@ -40,6 +41,7 @@ def _finding(f: Finding) -> dict[str, Any]:
         "suggestion": f.suggestion,
         "security": f.security,
         "context": {"before": f.before, "after": f.after},
+        "chars": [f.char_start, f.char_end],
     }
 
 
