@@ -118,12 +118,13 @@ class BoundedLoadPrefixPolicy:
             return _least_loaded_decision(key, available, ring)
         order = _ring_order(ring, ring_key, available)
         home = order[0]
-        total_load = sum(r.load() for r in available.values())
+        loads = {name: r.load() for name, r in available.items()}
+        total_load = sum(loads.values())
         total_weight = sum(max(r.weight, 1) for r in available.values())
 
         def under_cap(name: str) -> bool:
-            r = available[name]
-            return r.load() < load_cap(total_load, max(r.weight, 1), total_weight, self.load_factor)
+            weight = max(available[name].weight, 1)
+            return loads[name] < load_cap(total_load, weight, total_weight, self.load_factor)
 
         if under_cap(home):
             return _decision(home, _home_branch(key.source), order, home)
