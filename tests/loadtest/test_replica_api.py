@@ -27,7 +27,7 @@ def replica(threaded_server: Start) -> Callable[..., str]:
     return start
 
 
-def client(url: str) -> openai.OpenAI:
+def client(url: str) -> Any:  # Any: the assertions below read optional response fields
     return openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=30)
 
 

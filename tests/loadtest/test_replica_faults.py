@@ -133,10 +133,10 @@ def call_app(replica: Replica, path: str, client: str, server_port: int = 8000) 
     """Drive the ASGI app directly with a chosen peer address; the response status."""
     sent: list[dict[str, Any]] = []
 
-    async def receive() -> dict[str, Any]:
+    async def receive() -> Any:
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    async def send(msg: dict[str, Any]) -> None:
+    async def send(msg: Any) -> None:
         sent.append(msg)
 
     scope = {"type": "http", "method": "GET", "path": path, "headers": [],
