@@ -54,6 +54,7 @@ __all__ = [
     "KeySource",
     "PrefixExplanation",
     "RoutingKey",
+    "VolatileCut",
     "canonical_prefix",
     "derive",
     "explain",

@@ -305,3 +305,27 @@ def test_make_policy_by_name() -> None:
         make_policy("random")
     with pytest.raises(ValueError, match="load_factor"):
         make_policy("prefix", 0.9)
+
+
+def test_public_names_and_labels_are_pinned() -> None:
+    # Branch values are metric labels and key sources appear in access logs: renaming one is a
+    # breaking change, so this list changes only on purpose.
+    from router import client, keys, policy, replicas, ring
+
+    assert [b.value for b in Branch] == [
+        "home", "spill", "override", "conversation", "fallback", "round_robin", "least_loaded",
+    ]  # fmt: skip
+    assert [s.value for s in KeySource] == ["header", "prefix", "conversation", "none"]
+    assert sorted(keys.__all__) == [
+        "KeyConfig", "KeySource", "PrefixExplanation", "RoutingKey", "VolatileCut",
+        "canonical_prefix", "derive", "explain",
+    ]  # fmt: skip
+    assert sorted(ring.__all__) == ["HashRing", "RING_KINDS", "Ring", "RingMember", "build_ring"]
+    assert sorted(policy.__all__) == [
+        "BoundedLoadPrefixPolicy", "Branch", "Decision", "LeastLoadedPolicy", "POLICIES", "Policy",
+        "RoundRobinPolicy", "load_cap", "make_policy",
+    ]  # fmt: skip
+    assert sorted(replicas.__all__) == ["EndpointLike", "ReplicaSet", "ReplicaState", "address_of"]
+    assert sorted(client.__all__) == ["hash_key", "prefix_headers"]
+    for module in (client, keys, policy, replicas, ring):
+        assert all(hasattr(module, name) for name in module.__all__)
