@@ -22,6 +22,7 @@ import importlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -97,13 +98,14 @@ def serve(args: argparse.Namespace) -> int:
     demo = not args.config and not args.backend
     with contextlib.ExitStack() as stack:
         backends: list[str] = list(args.backend)
+        names: list[str] | None = None
         if demo:
             fleet = stack.enter_context(_demo_fleet())
-            backends = list(fleet.urls)
+            backends, names = list(fleet.urls), list(fleet.names)
         try:
             settings = settings.with_overrides(host=args.host, port=args.port,
                                                workers=args.workers, policy=args.policy,
-                                               backends=backends)
+                                               backends=backends, names=names)
             settings.check_runnable()
         except SettingsError as exc:
             _fail(str(exc))
@@ -136,11 +138,11 @@ def _print_demo(settings: Settings) -> None:
 router on {base}  (Ctrl-C stops the router and the replicas)
 
   curl {base}/v1/chat/completions -H 'Content-Type: application/json' \\
-    -d '{{"model": "sim", "messages": [{{"role": "system", "content": "You are a terse assistant \
-that answers in one line."}}, {{"role": "user", "content": "hello"}}]}}' -i
+    -d '{{"model": "sim-model", "messages": [{{"role": "system", "content": "You are a terse \
+assistant for the demo fleet. Answer in one line."}}, {{"role": "user", "content": "hello"}}]}}' -i
 
   python -c "import openai; c = openai.OpenAI(base_url='{base}/v1', api_key='none'); \
-print(c.chat.completions.create(model='sim', messages=[{{'role': 'user', 'content': 'hi'}}]))"
+print(c.chat.completions.create(model='sim-model', messages=[{{'role': 'user', 'content': 'hi'}}]))"
 
   curl {base}/metrics | grep prefix_router_requests_total
 """, flush=True)
@@ -164,9 +166,17 @@ def log_config(settings: Settings) -> dict[str, Any]:
     return cfg
 
 
+def _graceful_exit(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 def run_uvicorn(settings: Settings) -> None:
+    """Serve until SIGINT/SIGTERM. uvicorn drains in-flight requests for `shutdown.grace_period`,
+    runs the lifespan shutdown, then re-raises the signal it captured; the handler installed here
+    turns that SIGTERM into SystemExit so callers' cleanup (demo fleet, metrics dir) still runs."""
     import uvicorn
 
+    signal.signal(signal.SIGTERM, _graceful_exit)
     common: dict[str, Any] = dict(
         host=settings.listen.host, port=settings.listen.port, loop="uvloop", http="httptools",
         lifespan="on", interface="asgi3", log_config=log_config(settings),

@@ -416,7 +416,8 @@ class Settings:
 
     def with_overrides(self, *, host: str | None = None, port: int | None = None,
                        workers: int | None = None, policy: str | None = None,
-                       backends: Sequence[str] = ()) -> Settings:
+                       backends: Sequence[str] = (),
+                       names: Sequence[str] | None = None) -> Settings:
         """CLI flags over the file: each given flag is validated as its YAML key would be."""
         d = self.to_dict()
         if host is not None:
@@ -428,7 +429,8 @@ class Settings:
         if policy is not None:
             d["routing"]["policy"] = policy
         if backends:
-            d["replicas"] = [{"name": f"r{i}", "url": url} for i, url in enumerate(backends)]
+            labels = list(names) if names else [f"r{i}" for i in range(len(backends))]
+            d["replicas"] = [{"name": n, "url": u} for n, u in zip(labels, backends, strict=True)]
             d["discovery"]["type"] = "static"
         return Settings.from_dict(d)
 
