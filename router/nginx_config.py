@@ -63,7 +63,8 @@ class NginxOptions:
     upstream_keepalive_timeout: float = 4.0  # below uvicorn's 5 s
     replica_header: bool = True
     upstream: str = "prefix_router"
-    access_log: str | None = None  # None: access.log (standalone) or /var/log/nginx/prefix-router.access.log
+    # None: access.log under the prefix (standalone), else /var/log/nginx/prefix-router.access.log
+    access_log: str | None = None
     worker_processes: str = "auto"  # standalone only
     worker_connections: int = 4096  # standalone only
     error_log_level: str = "warn"  # standalone only

@@ -2,38 +2,38 @@
 
 Ring construction (``ngx_http_upstream_init_chash``), per ``server`` in config order:
 
-- the server string as written in the ``server`` directive (here ``RingMember.address``, e.g.
-  ``10.0.0.7:8000``, ``router.replicas.address_of(url)``) is split into host and port: ``unix:PATH`` -> host ``PATH``, no port;
-  otherwise the port is the run of digits after the *last* ``:`` (``[::1]:80`` -> ``[::1]``,
-  ``80``); a string with no such suffix is all host, no port;
-- ``weight * 160`` points; point ``j`` hashes ``crc32(host + b"\\0" + port + prev)`` where
+- the server string as written in the ``server`` directive (here ``RingMember.address``, i.e.
+  ``router.replicas.address_of(url)``, e.g. ``10.0.0.7:8000``) is split into host and port:
+  ``unix:PATH`` -> host ``PATH``, no port; otherwise the port is the run of digits after the
+  *last* ``:`` (``[::1]:80`` -> ``[::1]``, ``80``); without such a suffix it is all host, no port;
+- ``weight * 160`` points; point ``j`` hashes ``crc32(host + b"\0" + port + prev)`` where
   ``prev`` is point ``j-1``'s hash as 4 little-endian bytes (zero for ``j = 0``). nginx
   writes those bytes explicitly on big-endian hosts, so the ring is the same on every CPU.
   CRC32 is the IEEE/zlib one (init ``0xffffffff``, final xor), i.e. :func:`zlib.crc32`.
 - all points are sorted by hash; of several points with the *same* hash only the first in
   sorted order is kept. nginx sorts with libc ``qsort`` (not guaranteed stable); we keep the
-  point of the server listed first, which is what a stable sort gives. A cross-server 32-bit
-  collision needs ~1 in 10^4 rings of a few thousand points, and then affects one arc.
+  point of the server listed first, which is what a stable sort gives. Two servers share a hash
+  with probability about P^2 / 2^33 for P points (2e-4 for 1,280), and then one arc differs.
 
 Lookup (``ngx_http_upstream_init_chash_peer``): ``h = crc32(key bytes)``; the home point is the
-first point with hash ``>= h`` (binary search), index ``n`` wrapping to ``0``. nginx hashes the
+first point with hash ``>= h`` (binary search), index ``P`` wrapping to ``0``. nginx hashes the
 header's raw bytes, and ASGI servers hand the router header values decoded as latin-1, so a key
 is encoded back as latin-1 (the wire bytes); only a key that cannot be latin-1 (never one read
 from a header) is hashed as UTF-8. Keys from ``router.client.hash_key`` are ASCII either way.
 
-Walking on (``ngx_http_upstream_get_chash_peer``): nginx moves one *point* at a time from the home
-point, skipping points whose server was already tried for this request, is ``down``, or is out
-for ``fail_timeout`` after ``max_fails`` failures (or is at ``max_conns``). A retry
+Walking on (``ngx_http_upstream_get_chash_peer``): nginx moves one *point* at a time from the
+home point, skipping points whose server was already tried for this request, is ``down``, or is
+out for ``fail_timeout`` after ``max_fails`` failures (or is at ``max_conns``). A retry
 (``proxy_next_upstream``) resumes from the point where the previous attempt stopped. So the
 servers nginx tries are exactly :meth:`NginxRing.walk` minus the unavailable ones, with one
-difference: nginx gives up after 20 skipped points per request (``hp->tries > 20``) and falls
-back to weighted round-robin (since 1.13.6). :meth:`NginxRing.nginx_pick` models that cap exactly and returns
-``None`` where nginx would go round-robin; :meth:`walk` is uncapped. With 160 points per weight
-a run of more than 20 skipped points is rare unless most of the fleet is unavailable.
+difference: since 1.13.6 nginx gives up after 20 skipped points per request and falls back to
+weighted round-robin. :meth:`NginxRing.nginx_pick` models that cap exactly (``None`` where nginx
+goes round-robin); :meth:`walk` is uncapped. With 160 points per weight a run of more than 20
+skipped points is rare unless much of the fleet is unavailable or one weight dwarfs the rest.
 nginx >= 1.17.1 (ours: 1.22) also goes round-robin when the key is *empty* or there is a single
 server; the generated config never produces an empty key (see ``router.nginx_config``).
 
-Cost: build O(P log P) for P = 160 * total weight points (~3 ms for 8 servers); ``lookup`` is
+Cost: build O(P log P) for P = 160 * total weight points (~1.5 ms for 8 servers); ``lookup`` is
 one crc32 plus O(log P); ``walk`` enumerates N members in about N * H(N) point steps, lazily.
 """
 

@@ -45,8 +45,8 @@ def _addresses(url: str) -> set[str]:
 def capture(nginx_url: str, keys: list[str], path: str, header: str) -> dict[str, str]:
     """{key: upstream address nginx used}."""
     parts = urlsplit(nginx_url)
-    conn_type = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = conn_type(parts.netloc, timeout=30)
+    conn = (http.client.HTTPSConnection(parts.netloc, timeout=30) if parts.scheme == "https"
+            else http.client.HTTPConnection(parts.netloc, timeout=30))
     out: dict[str, str] = {}
     try:
         for key in keys:
@@ -62,7 +62,8 @@ def capture(nginx_url: str, keys: list[str], path: str, header: str) -> dict[str
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="the router.yaml nginx was rendered from")
-    parser.add_argument("--nginx", required=True, help="base URL of nginx, e.g. http://127.0.0.1:8080")
+    parser.add_argument("--nginx", required=True,
+                        help="base URL of nginx, e.g. http://127.0.0.1:8080")
     parser.add_argument("--keys", type=int, default=1000)
     parser.add_argument("--path", default="/v1/models")
     parser.add_argument("--out", help="write {key: replica} as JSON here")

@@ -40,7 +40,8 @@ def _globals() -> str:
     return "daemon off;" + (" user root;" if os.geteuid() == 0 else "")
 
 
-def check_config(prefix: Path, conf_text: str, name: str = "nginx.conf") -> subprocess.CompletedProcess[str]:
+def check_config(prefix: Path, conf_text: str,
+                 name: str = "nginx.conf") -> subprocess.CompletedProcess[str]:
     """``nginx -t`` on ``conf_text`` written into ``prefix``."""
     prefix.mkdir(parents=True, exist_ok=True)
     conf = prefix / name
@@ -123,7 +124,8 @@ class NginxProcess:
 
 
 @contextlib.contextmanager
-def running_nginx(prefix: Path, replicas: Sequence[Replica], **options: object) -> Iterator[NginxProcess]:
+def running_nginx(prefix: Path, replicas: Sequence[Replica],
+                  **options: object) -> Iterator[NginxProcess]:
     """A standalone nginx rendered from ``replicas``; options go to :class:`NginxOptions`."""
     port = free_port()
     conf = render_standalone(replicas, port, **options)

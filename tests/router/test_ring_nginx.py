@@ -32,7 +32,9 @@ def members_of(replicas: list[Replica]) -> list[RingMember]:
 
 
 @pytest.fixture(scope="session")
-def captured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Replica], dict[str, str]]]:
+def captured(
+        tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[list[Replica], dict[str, str]]]:
     """(replicas, {key: replica nginx chose}) recorded from a real nginx."""
     tmp: Path = tmp_path_factory.mktemp("nginx-table")
     with nginx_fleet(tmp / "backends", WEIGHTS) as replicas, \
