@@ -12,7 +12,7 @@ Per request (:meth:`Auditor.add`):
    span by its position in the reference: kinds seen, distinct values (hashes, capped), a few
    examples;
 4. feed two one-replica prefix caches (:class:`~templates_audit.blocks.PrefixCache`, trace
-   order): *observed* with the request's own tokens, *achievable* with the reference's static
+   order; unbounded by default, the CLI bounds them to :data:`DEFAULT_CACHE_BLOCKS`): *observed* with the request's own tokens, *achievable* with the reference's static
    tokens followed by the request's own remainder — the request as it would be if its volatile
    values sat after the static part.
 
@@ -152,7 +152,7 @@ class Auditor:
         renderer: ChatRenderer | None = None,
         *,
         block_size: int = 16,
-        cache_blocks: int | None = DEFAULT_CACHE_BLOCKS,
+        cache_blocks: int | None = None,
         redact_values: bool = False,
     ) -> None:
         if block_size <= 0:
@@ -380,7 +380,7 @@ def analyze(
     renderer: ChatRenderer | None = None,
     *,
     block_size: int = 16,
-    cache_blocks: int | None = DEFAULT_CACHE_BLOCKS,
+    cache_blocks: int | None = None,
     redact_values: bool = False,
 ) -> Report:
     """Audit ``items`` (records and bad lines, in trace order) into a report."""

@@ -1,0 +1,182 @@
+"""analysis: grouping into templates, findings (kind, role, cost), hit rates, bounded state."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import pytest
+
+from templates_audit import analysis
+from templates_audit.analysis import Auditor, analyze
+from templates_audit.blocks import PrefixCache, block_hashes
+from templates_audit.model import Report
+from templates_audit.render import ChatRenderer
+from templates_audit.tokenize import default_tokenizer
+from templates_audit.traces import Record
+
+BODY = "\n".join(f"Rule {i}: answer questions about topic number {i} carefully and politely."
+                 for i in range(30))
+NAMES = ["Alice", "Bruno", "Chiara", "Dmitri"]
+USERS = ["How do I sort a list?", "What is TCP?", "Write a haiku.", "Explain DNS."]
+
+
+def chat(system: str | None, user: str, i: int = 0, role: str = "system",
+         tools: list[dict[str, object]] | None = None,
+         history: list[dict[str, str]] | None = None) -> Record:
+    msgs = [] if system is None else [{"role": role, "content": system}]
+    msgs += history or []
+    msgs.append({"role": "user", "content": user})
+    return Record("t", i + 1, messages=msgs, tools=tools)
+
+
+def many(make: Callable[[int], Record], n: int = 12) -> list[Record]:
+    return [make(i) for i in range(n)]
+
+
+def tool(desc: str) -> list[dict[str, object]]:
+    return [{"type": "function", "function": {"name": "now", "description": desc,
+                                              "parameters": {"type": "object"}}}]
+
+
+SHOTS = ["Q: 2+2?\nA: 4", "Q: capital of France?\nA: Paris", "Q: opposite of hot?\nA: cold"]
+
+
+def shuffled(i: int) -> str:
+    order = list(itertools.permutations(SHOTS))[i % 6]
+    return "Examples:\n" + "\n".join(order) + "\n" + BODY
+
+
+SCENARIOS: list[tuple[str, Callable[[int], Record], int, list[tuple[str, str]]]] = [
+    # (name, request i -> record, templates, [(kind, role) of findings in token order])
+    # same system prompt, different user turns: one template, nothing to fix
+    ("identical", lambda i: chat("You are helpful.\n" + BODY, USERS[i % 4], i), 1, []),
+    # two unrelated system prompts: two templates, nothing to fix
+    ("unrelated", lambda i: chat(["You are a pirate.\n" + BODY, "Reply in French only."][i % 2],
+                                 USERS[i % 4], i), 2, []),
+    # a date near the top: one date finding in the system message
+    ("date", lambda i: chat(f"Current date: 2024-05-{i + 1:02d}\n" + BODY, "hi", i), 1,
+     [("date", "system")]),
+    # a date on line 1 and a user name on line 30: both reported, in order
+    ("date+name", lambda i: chat(f"Current date: 2024-05-{i % 5 + 1:02d}\n{BODY}\n"
+                                 f"The user's name is {NAMES[i % 4]}.\nBe brief.", "hi", i), 1,
+     [("date", "system"), ("name", "system")]),
+    # a value that never varies (knowledge cutoff) is not a finding
+    ("constant", lambda i: chat("Knowledge cutoff: 2023-10\n" + BODY, USERS[i % 4], i), 1, []),
+    # a per-request uuid
+    ("uuid", lambda i: chat(f"Session 123e4567-e89b-12d3-a456-4266141740{i:02d}\n" + BODY, "x", i),
+     1, [("uuid", "system")]),
+    # an API key that changes per tenant: a secret (also a security finding)
+    ("secret", lambda i: chat(f"Use key sk-proj-{'ab' * 12}{i:04d}Zq9 for tools.\n" + BODY, "x", i),
+     1, [("secret", "system")]),
+    # few-shot examples shuffled per request
+    ("reordered", lambda i: chat(shuffled(i), "x", i), 1, [("reordered_block", "system")]),
+    # trailing/double spaces that vary
+    ("whitespace", lambda i: chat("Be helpful." + " " * (i % 3 + 1) + "Be kind.\n" + BODY, "x", i),
+     1, [("whitespace", "system")]),
+    # a short prompt with a name no detector knows: still one template
+    ("short-name", lambda i: chat(f"You are talking to {NAMES[i % 4]}. Be warm and helpful, "
+                                  "and always answer in full sentences.", "hi", i), 1,
+     [("name", "system")]),
+    # short prompts that differ in prose, not a value: two templates
+    ("short-prose", lambda i: chat(["You are a helpful assistant.", "You are a pirate."][i % 2],
+                                   "hi", i), 2, []),
+    # a timestamp inside a tool description
+    ("tools", lambda i: chat("You are helpful.\n" + BODY, "x", i,
+                             tools=tool(f"Now is 2024-05-20T10:{i:02d}:00Z. Returns the time."
+                                        " Use it whenever the user asks about time or dates.")),
+     1, [("timestamp", "tools")]),
+    # the developer role is attributed as such
+    ("developer", lambda i: chat(f"Today is 2024-06-{i + 1:02d}.\n" + BODY, "x", i,
+                                 role="developer"), 1, [("date", "developer")]),
+    # varying conversation history is expected variation
+    ("history", lambda i: chat("You are helpful.\n" + BODY, "next", i,
+                               history=[{"role": "user", "content": f"q{i}"},
+                                        {"role": "assistant", "content": f"a{i}"}]), 1, []),
+    # a completions prompt with a varying date in the middle
+    ("prompt-date", lambda i: Record("t", i + 1, prompt=f"Date: 2024-05-{i + 1:02d}\n{BODY}\n"
+                                                         f"Question: {USERS[i % 4]}"), 1,
+     [("date", "prompt")]),
+    # a completions prompt whose only varying part is its tail: expected variation
+    ("prompt-tail", lambda i: Record("t", i + 1, prompt=f"{BODY}\nQuestion: {USERS[i % 4]} {i}"),
+     1, []),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "templates", "expected"), SCENARIOS,
+                         ids=[s[0] for s in SCENARIOS])
+def test_scenarios(name: str, make: Callable[[int], Record], templates: int,
+                   expected: list[tuple[str, str]]) -> None:
+    report = analyze(many(make))
+    assert report.summary.templates == templates
+    assert [(f.kind, f.role.value) for f in report.findings] == expected
+
+
+def test_finding_counts_cost_and_location() -> None:
+    report = analyze(many(lambda i: chat(f"Current date: 2024-05-{i % 4 + 1:02d}\n" + BODY, "x", i)))
+    [f] = report.findings
+    [t] = report.templates
+    assert (f.requests_affected, f.distinct_values) == (12, 4)
+    assert set(f.examples) == {"2024-05-01", "2024-05-02", "2024-05-03", "2024-05-04"}
+    assert f.block == f.first_token // 16 and t.shared_prefix_tokens == f.first_token
+    # Every full block after the date's block, up to the end of the static part, is lost.
+    assert f.tokens_lost_per_request % 16 == 0
+    assert t.static_tokens - 48 <= f.tokens_lost_per_request <= t.static_tokens
+    assert "Current date: …" in f.suggestion and f"{int(f.tokens_lost_per_request):,}" in f.suggestion
+
+
+def test_hit_rates_match_the_shared_block_math() -> None:
+    records = many(lambda i: chat("You are helpful.\n" + BODY, USERS[i % 4], i), 8)
+    report = analyze(records)
+    # Recompute with the project's one block implementation, request by request.
+    renderer, tok, cache = ChatRenderer(), default_tokenizer(), PrefixCache(None, 16)
+    hits = queries = 0
+    for r in records:
+        ids = tok.encode(renderer.render(r.messages or []))
+        hits += cache.insert(block_hashes(ids, 16), len(ids))
+        queries += len(ids)
+    assert report.summary.observed_hit_rate == pytest.approx(hits / queries)
+    assert report.summary.achievable_hit_rate == pytest.approx(hits / queries)
+
+
+def test_achievable_exceeds_observed_when_a_value_breaks_the_prefix() -> None:
+    s = analyze(many(lambda i: chat(f"Now: 2024-05-20 10:{i:02d}\n" + BODY, "x", i))).summary
+    assert s.observed_hit_rate < 0.2 < 0.8 < s.achievable_hit_rate
+
+
+def test_finding_ids_are_stable_across_runs() -> None:
+    def make(i: int) -> Record:
+        return chat(f"Current date: 2024-05-{i + 1:02d}\n" + BODY, "x", i)
+
+    def ids(r: Report) -> list[str]:
+        return [f.id for f in r.findings]
+
+    assert ids(analyze(many(make))) == ids(analyze(many(make)))
+
+
+def test_redaction_keeps_shape_only() -> None:
+    report = analyze(many(lambda i: chat(f"Current date: 2024-05-{i + 1:02d}\n{BODY}\n"
+                                         f"The user's name is {NAMES[i % 4]}.\nBe brief.", "x", i)),
+                     redact_values=True)
+    date, name = report.findings
+    assert set(date.examples) == {"####-##-##"}
+    assert all(e.endswith("***") and len(e) == 4 for e in name.examples)
+
+
+def test_state_is_bounded_by_templates_not_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(analysis, "MAX_DISTINCT", 10)
+    auditor = Auditor(cache_blocks=64)
+    for i in range(300):
+        auditor.add(chat(f"Request id 7{i:06d}42 at 2024-05-20T10:{i % 60:02d}:00Z\n" + BODY, "x", i))
+    [tpl] = auditor.templates.values()
+    assert len(tpl.spans) <= 2
+    assert all(len(st.values) <= 10 and len(st.examples) <= analysis.MAX_EXAMPLES for st in tpl.spans)
+    [*findings] = auditor.report().findings
+    assert findings and all(f.distinct_values_capped for f in findings)
+
+
+def test_template_render_errors_become_bad_lines() -> None:
+    renderer = ChatRenderer("{{ raise_exception('no system role') }}")
+    report = analyze([chat("S", "U")], renderer=renderer)
+    assert report.summary.requests == 0 and report.summary.bad_lines == 1
+    assert "no system role" in report.bad_line_samples[0].error
