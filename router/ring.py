@@ -13,12 +13,15 @@ Invariants:
 - With 160 points per member the keys per member stay within a few tens of percent of the mean.
 
 Cost: build O(P log P) for P = vnodes * total weight points; ``walk`` is O(log P) to find the
-start, then about N * H(N) point steps to enumerate all N members (coupon collector), lazily.
+start, then about N * H(N) point steps to enumerate all N members (coupon collector). The
+walk of the last 4096 keys is memoised (the ring is immutable), so a hot prefix costs one
+dictionary lookup.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -28,6 +31,7 @@ import xxhash
 __all__ = ["RING_KINDS", "HashRing", "Ring", "RingMember", "build_ring"]
 
 RING_KINDS = ("xxhash", "nginx")
+ORDER_CACHE_SIZE = 4096
 
 
 @dataclass(frozen=True)
@@ -71,24 +75,31 @@ class HashRing:
         self._hashes = [h for h, _ in points]
         self._owners = [owner for _, owner in points]
         self._names = names
+        # Hot prefixes repeat: remember their full walks (the ring is immutable).
+        self._order = functools.lru_cache(maxsize=ORDER_CACHE_SIZE)(self._compute_order)
 
     def walk(self, key: str) -> Iterator[str]:
+        return iter(self._order(key))
+
+    def _compute_order(self, key: str) -> tuple[str, ...]:
         total = len(self._hashes)
         if total == 0:
-            return
+            return ()
         start = bisect.bisect_left(
             self._hashes, xxhash.xxh3_64_intdigest(key.encode("utf-8", "surrogatepass"))
         )
         remaining = len(self._names)
         seen = [False] * remaining
+        order: list[str] = []
         for step in range(total):
             owner = self._owners[(start + step) % total]
             if not seen[owner]:
                 seen[owner] = True
-                yield self._names[owner]
+                order.append(self._names[owner])
                 remaining -= 1
                 if remaining == 0:
-                    return
+                    break
+        return tuple(order)
 
     def home(self, key: str) -> str | None:
         return next(self.walk(key), None)
