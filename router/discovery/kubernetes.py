@@ -121,11 +121,13 @@ class KubernetesDiscovery:
         self.kubeconfig = kubeconfig
         self.watch_timeout = watch_timeout
         self._client = client
-        self._backoff = backoff or Backoff(base=0.25, cap=30.0)
+        self.backoff = backoff or Backoff(base=0.25, cap=30.0)
         self._rng = rng
         self._failing = False
         self.relists = 0
         self.watches = 0
+        self._opened_at: float | None = None  # when the current watch got its 200
+        self._delivered = False  # whether the current watch delivered an event
 
     @property
     def selector(self) -> str:
@@ -155,22 +157,23 @@ class KubernetesDiscovery:
                     if state.resource_version is None:
                         await self._list(client, state)
                         membership.update(state.endpoints())
-                    started = time.monotonic()
-                    delivered = await self._watch(client, state, membership)
-                    if delivered or time.monotonic() - started > 1.0:
-                        self._backoff.reset()
+                    await self._watch(client, state, membership)
+                    if self._watch_was_useful():
+                        self.backoff.reset()
                     else:
-                        delay = self._backoff.next()
+                        delay = self.backoff.next()
                 except ResourceVersionGone as exc:
                     log.info("kubernetes discovery: resourceVersion %s gone (%s); relisting",
                              state.resource_version, exc)
                     state.resource_version = None
-                    if self._backoff.failures:  # repeated 410s: back off; the first relists at once
-                        delay = self._backoff.next()
+                    if self.backoff.failures:  # repeated 410s: back off; the first relists at once
+                        delay = self.backoff.next()
                     else:
-                        self._backoff.failures = 1
+                        self.backoff.failures = 1
                 except Exception as exc:  # never let discovery take the router down
-                    delay = self._backoff.next()
+                    if self._watch_was_useful():  # a drop after a good watch: start over
+                        self.backoff.reset()
+                    delay = self.backoff.next()
                     self._mark_failing(exc, delay)
                     if not membership.published:
                         membership.update([])
@@ -179,6 +182,12 @@ class KubernetesDiscovery:
         finally:
             if owned and client is not None:
                 await client.close()
+
+    def _watch_was_useful(self) -> bool:
+        """The last watch delivered events or stayed open > 1 s (so retrying it is not a loop)."""
+        opened, self._opened_at = self._opened_at, None
+        delivered, self._delivered = self._delivered, False
+        return delivered or (opened is not None and time.monotonic() - opened > 1.0)
 
     def _mark_failing(self, exc: BaseException, delay: float) -> None:
         code = _status_code(exc)
@@ -207,8 +216,8 @@ class KubernetesDiscovery:
         log.info("kubernetes discovery: %s/%s has %d EndpointSlices (resourceVersion %s)",
                  self.namespace, self.service, len(items), state.resource_version)
 
-    async def _watch(self, client: Any, state: SliceState, membership: Membership) -> bool:
-        """One watch request, until the server ends it; True if any event arrived."""
+    async def _watch(self, client: Any, state: SliceState, membership: Membership) -> None:
+        """One watch request, until the server ends it."""
         from lightkube.resources.discovery_v1 import EndpointSlice
 
         server_timeout = int(self.watch_timeout * (1 + self._rng()))
@@ -218,7 +227,7 @@ class KubernetesDiscovery:
             params={"labelSelector": self.selector, "resourceVersion": state.resource_version,
                     "allowWatchBookmarks": "true", "timeoutSeconds": server_timeout})
         br.timeout = generic._watch_timeout  # no read timeout: the deadline below bounds it
-        delivered = False
+        self._delivered = False
         async with asyncio.timeout(server_timeout + 30):
             response = await generic.send(generic.build_adapter_request(br), stream=True)
             try:
@@ -228,13 +237,13 @@ class KubernetesDiscovery:
                     body = (await response.aread())[:300].decode("utf-8", "replace")
                     raise WatchError(f"HTTP {response.status_code} on watch: {body}")
                 self.watches += 1
+                self._opened_at = time.monotonic()
                 self._mark_ok(f"watching from resourceVersion {state.resource_version}")
                 async for line in response.aiter_lines():
                     if not line.strip():
                         continue
                     if state.apply(json.loads(line)):
                         membership.update(state.endpoints())
-                    delivered = True
+                    self._delivered = True
             finally:
                 await response.aclose()
-        return delivered

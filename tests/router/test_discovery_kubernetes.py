@@ -208,3 +208,30 @@ def test_port_name_and_dual_stack(api: FakeKubeAPI, tmp_path: Path) -> None:
     assert got["vllm-7"].url == "http://10.0.0.17:8080"
     assert got["vllm-0"].url == "http://10.0.0.10:8000"  # IPv4 copy preferred
     assert got["vllm-8"].url == "http://[fd00::18]:8000"
+
+
+def test_repeated_drops_after_good_watches_do_not_escalate_backoff(
+        api: FakeKubeAPI, runner: DiscoveryRunner) -> None:
+    d = runner.discovery
+    for i in range(4):
+        api.put_slice(fleet_slice(f"vllm-x{i}", {f"vllm-x{i}": f"10.0.1.{i}"}))
+        runner.wait_for(lambda eps, i=i: f"vllm-x{i}" in names(eps), DEADLINE)  # type: ignore[misc]
+        watches = api.count("watch")
+        api.drop_watches()
+        deadline = time.monotonic() + DEADLINE
+        while api.count("watch") == watches:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    assert d.backoff.failures <= 1  # each drop followed a useful watch: backoff started over
+
+
+def test_backoff_grows_while_the_api_server_is_down(api: FakeKubeAPI,
+                                                    runner: DiscoveryRunner) -> None:
+    api.stop()
+    deadline = time.monotonic() + DEADLINE
+    while runner.discovery.backoff.failures < 4:
+        assert time.monotonic() < deadline, "backoff did not grow"
+        time.sleep(0.01)
+    api.start()
+    api.put_slice(fleet_slice("vllm-ghi", {"vllm-3": "10.0.0.13"}))
+    runner.wait_for(lambda eps: "vllm-3" in names(eps), DEADLINE)
