@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import templates_audit.detectors as detectors
 from router import keys
@@ -291,3 +293,55 @@ def test_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     for i in range(20):
         key(chat(sys(f"{SYS} variant {i}")))
     assert len(keys._cut_cache) == 8
+
+
+def test_token_id_prompts_are_not_scanned_for_volatile_text() -> None:
+    ids = [9876543210, 1234567890, 2025, 3, 14] * 20  # would look like numeric ids as text
+    ex = explain(COMPLETIONS, {"model": "m", "prompt": ids})
+    assert ex is not None and ex.cut is None
+    assert ex.text.endswith(",".join(map(str, ids)))
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=80),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+chat_like = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": json_values,
+        "user": json_values,
+        "tools": json_values,
+        "prompt": json_values,
+        "input": json_values,
+        "messages": st.lists(
+            st.fixed_dictionaries(
+                {"role": st.sampled_from(["system", "developer", "user", "assistant", 3])},
+                optional={"content": json_values},
+            ),
+            max_size=4,
+        ),
+    },
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    path=st.sampled_from([CHAT, COMPLETIONS, EMBEDDINGS, "/v1/models", ""]),
+    body=st.one_of(st.none(), chat_like),
+    headers=st.dictionaries(
+        st.sampled_from(["X-Prefix-Hash", "x-session-id", "a"]), st.text(max_size=10)
+    ),
+)
+def test_any_json_body_yields_a_consistent_key(
+    path: str, body: Any, headers: dict[str, str]
+) -> None:
+    k = derive(path, headers, body, KeyConfig(min_prefix_chars=1))
+    assert (k.prefix is None) is (k.source in (KeySource.CONVERSATION, KeySource.NONE))
+    assert (k.conversation is None) or k.source is not KeySource.NONE
+    if k.source is KeySource.PREFIX:
+        text = canonical_prefix(path, body, KeyConfig(min_prefix_chars=1))
+        assert k.prefix == xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))
