@@ -1,0 +1,341 @@
+"""Workload generators: deterministic request streams with a known prefix-sharing structure.
+
+Every workload is a pure function of its parameters and a seed: the same seed gives byte-identical
+requests, so several setups (router policies, nginx, sglang-router) can be fed the same traffic.
+
+Workloads (names are CLI values):
+
+* ``shared-prefix`` — P system prompts of 1-4k tokens with Zipf popularity, short user turns.
+* ``multi-turn`` — conversations that grow turn by turn; each turn resends the whole history, as
+  chat clients do, so turn k+1 shares turn k's prompt as its prefix.
+* ``hot-prefix`` — multi-turn conversations where one system prompt carries 80% of the traffic:
+  pure prefix hashing would melt that prompt's replica.
+* ``volatile`` — like shared-prefix, but each template injects a per-request timestamp or session
+  id on its second line; routing cannot save the cache, the auditor can find why.
+* ``mooncake`` — replay of a Mooncake FAST'25 trace: each 512-token block id becomes a fixed block
+  of text that the default tokenizer cuts into exactly 512 tokens (block texts end with a newline,
+  which is always a token boundary), so the trace's sharing structure survives into vLLM's 16-token
+  blocks; arrivals follow the trace's timestamps, scaled.
+
+A request's ``at`` is its arrival offset in seconds for open-loop runs; closed-loop runs ignore it
+but keep the order (a conversation's turns stay in order in both).
+
+Cost: generation is O(total prompt text); system prompts are built once per workload.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import json
+import math
+import random
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "WORKLOADS",
+    "Request",
+    "WorkloadSpec",
+    "generate",
+    "mooncake_block_text",
+    "synthetic_text",
+]
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+_WORDS = (
+    "the of and to in is you that it for are as with be on not this but by from they we say her "
+    "she or an will my one all would there their what so up out if about who get which go me when "
+    "make can like time no just him know take people into year your good some could them see other "
+    "than then now look only come its over think also back after use two how our work first well "
+    "way even new want because any these give day most us assistant answer question customer "
+    "policy product order account billing refund shipping support document context tool function "
+    "result summary detail example format instruction response careful helpful accurate concise "
+    "source citation search code file project request service model cache token prompt system"
+).split()
+
+_QUESTIONS = (
+    "How do I reset my password", "What is the refund policy for damaged items",
+    "Summarise the attached report in three bullet points", "Why was my card charged twice",
+    "Write a haiku about distributed systems", "Translate this sentence into French",
+    "Which plan includes priority support", "Explain the difference between TCP and UDP",
+    "Can you draft a polite follow-up email", "What are the opening hours on Sunday",
+)
+
+
+def synthetic_text(rng: random.Random, n_words: int, line_words: int = 14) -> str:
+    """Deterministic English-like filler: sentences of common words, a newline every few lines."""
+    out: list[str] = []
+    line: list[str] = []
+    for i in range(n_words):
+        w = rng.choice(_WORDS)
+        if not line:
+            w = w.capitalize()
+        line.append(w)
+        if len(line) >= line_words or i == n_words - 1:
+            out.append(" ".join(line) + ".")
+            line = []
+    return "\n".join(out)
+
+
+@dataclass(frozen=True)
+class Request:
+    idx: int
+    at: float  # arrival offset (s) for open-loop runs
+    path: str
+    body: dict[str, Any]
+    group: str  # the prefix group (system prompt / template) this request belongs to
+    conversation: str | None = None
+    turn: int = 0
+
+    def json_bytes(self) -> bytes:
+        return json.dumps(self.body, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    name: str
+    requests: int = 200
+    rate: float = 10.0  # mean arrivals/s for the Poisson schedule
+    seed: int = 0
+    prompts: int = 8  # P distinct system prompts
+    min_prompt_tokens: int = 1000
+    max_prompt_tokens: int = 4000
+    zipf_s: float = 1.1
+    max_tokens: int = 16
+    turns: int = 4  # multi-turn / hot-prefix: turns per conversation
+    hot_fraction: float = 0.8
+    model: str = "sim-model"
+    stream: bool = True
+    trace_path: str | None = None  # mooncake
+    time_scale: float = 1.0  # mooncake: trace seconds per replay second
+    max_output_tokens: int = 64  # mooncake: cap on the trace's output lengths
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _zipf_weights(n: int, s: float) -> list[float]:
+    w = [1.0 / (k**s) for k in range(1, n + 1)]
+    total = sum(w)
+    return [x / total for x in w]
+
+
+def _system_prompts(spec: WorkloadSpec, rng: random.Random) -> list[str]:
+    prompts = []
+    for p in range(spec.prompts):
+        tokens = rng.randint(spec.min_prompt_tokens, spec.max_prompt_tokens)
+        # the default tokenizer makes ~1.35 tokens per word of this vocabulary (with punctuation)
+        body = synthetic_text(rng, max(8, int(tokens / 1.35)))
+        prompts.append(f"You are assistant #{p} of the ACME help desk.\n{body}")
+    return prompts
+
+
+def _poisson_times(rng: random.Random, n: int, rate: float) -> list[float]:
+    t = 0.0
+    out = []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate) if rate > 0 else 0.0
+    return out
+
+
+def _body(spec: WorkloadSpec, messages: list[dict[str, Any]], user: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": spec.model,
+        "messages": messages,
+        "max_tokens": spec.max_tokens,
+        "temperature": 0,
+        "stream": spec.stream,
+    }
+    if spec.stream:
+        body["stream_options"] = {"include_usage": True}
+    if user:
+        body["user"] = user
+    return body
+
+
+def _question(rng: random.Random) -> str:
+    return f"{rng.choice(_QUESTIONS)}? (ref {rng.randint(1000, 9999)})"
+
+
+def shared_prefix(spec: WorkloadSpec) -> Iterator[Request]:
+    rng = random.Random(spec.seed)
+    prompts = _system_prompts(spec, rng)
+    weights = _zipf_weights(len(prompts), spec.zipf_s)
+    times = _poisson_times(rng, spec.requests, spec.rate)
+    for i in range(spec.requests):
+        p = rng.choices(range(len(prompts)), weights)[0]
+        msgs = [{"role": "system", "content": prompts[p]}, {"role": "user", "content": _question(rng)}]
+        yield Request(i, times[i], CHAT, _body(spec, msgs), group=f"p{p}")
+
+
+def volatile(spec: WorkloadSpec) -> Iterator[Request]:
+    rng = random.Random(spec.seed)
+    prompts = _system_prompts(spec, rng)
+    weights = _zipf_weights(len(prompts), spec.zipf_s)
+    times = _poisson_times(rng, spec.requests, spec.rate)
+    base = 1_767_225_600  # 2026-01-01T00:00:00Z
+    for i in range(spec.requests):
+        p = rng.choices(range(len(prompts)), weights)[0]
+        head, _, rest = prompts[p].partition("\n")
+        if p % 2 == 0:
+            ts = base + int(times[i] * 1000) + rng.randint(0, 59)
+            stamp = _dt.datetime.fromtimestamp(ts, _dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            line = f"Current time: {stamp}"
+        else:
+            line = f"Session: {uuid.UUID(int=rng.getrandbits(128), version=4)}"
+        msgs = [
+            {"role": "system", "content": f"{head}\n{line}\n{rest}"},
+            {"role": "user", "content": _question(rng)},
+        ]
+        yield Request(i, times[i], CHAT, _body(spec, msgs), group=f"p{p}")
+
+
+def _conversations(spec: WorkloadSpec, hot: bool) -> Iterator[Request]:
+    rng = random.Random(spec.seed)
+    prompts = _system_prompts(spec, rng)
+    n_conv = max(1, math.ceil(spec.requests / spec.turns))
+    if hot:
+        weights = [spec.hot_fraction] + [(1 - spec.hot_fraction) / max(1, len(prompts) - 1)] * (len(prompts) - 1)
+    else:
+        weights = _zipf_weights(len(prompts), spec.zipf_s)
+    starts = _poisson_times(rng, n_conv, spec.rate / spec.turns if spec.rate > 0 else 0)
+    events: list[tuple[float, int, int]] = []  # (time, conversation, turn)
+    think = 2.0 / max(spec.rate, 1e-9) * spec.turns if spec.rate > 0 else 0.0
+    for c in range(n_conv):
+        t = starts[c]
+        for k in range(spec.turns):
+            events.append((t, c, k))
+            t += rng.expovariate(1.0 / think) if think > 0 else 0.0
+    events.sort()
+    events = events[: spec.requests]
+    conv_prompt = [rng.choices(range(len(prompts)), weights)[0] for _ in range(n_conv)]
+    history: dict[int, list[dict[str, Any]]] = {}
+    conv_rng = [random.Random(spec.seed * 1_000_003 + c) for c in range(n_conv)]
+    for i, (t, c, k) in enumerate(events):
+        msgs = history.setdefault(c, [{"role": "system", "content": prompts[conv_prompt[c]]}])
+        r = conv_rng[c]
+        msgs.append({"role": "user", "content": _question(r)})
+        body = _body(spec, [dict(m) for m in msgs], user=f"conv-{spec.seed}-{c}")
+        yield Request(i, t, CHAT, body, group=f"p{conv_prompt[c]}", conversation=f"conv-{c}", turn=k)
+        msgs.append({"role": "assistant", "content": synthetic_text(r, spec.max_tokens // 2 + 4)})
+
+
+def multi_turn(spec: WorkloadSpec) -> Iterator[Request]:
+    return _conversations(spec, hot=False)
+
+
+def hot_prefix(spec: WorkloadSpec) -> Iterator[Request]:
+    return _conversations(spec, hot=True)
+
+
+@functools.lru_cache(maxsize=1)
+def _word_costs() -> dict[str, int]:
+    from templates_audit.tokenize import default_tokenizer
+
+    tok = default_tokenizer()
+    return {w: len(tok.encode(" " + w)) for w in _WORDS}
+
+
+def mooncake_block_text(block_id: int, tokens: int = 512) -> str:
+    """Text of one trace block: exactly ``tokens`` default-tokenizer tokens, ending in a newline.
+
+    The content depends only on the block id, so equal ids give equal text and, with the
+    default tokenizer, equal token blocks. Word pieces never merge across the single spaces
+    between words, so the token count is the sum of per-word counts (checked in the tests).
+    """
+    from templates_audit.tokenize import default_tokenizer
+
+    costs = _word_costs()
+    rng = random.Random(block_id * 7919 + 17)
+    head = f"b{block_id}"
+    n = len(default_tokenizer().encode(head)) + 1  # + the closing newline
+    words = [head]
+    while True:
+        w = rng.choice(_WORDS)
+        if n + costs[w] > tokens:
+            break
+        words.append(w)
+        n += costs[w]
+    text = " ".join(words)
+    # top up with " ." (one token each) to hit the exact size
+    text += " ." * (tokens - n)
+    return text + "\n"
+
+
+def _mooncake_prompt(hash_ids: list[int], input_length: int, cache: dict[int, str]) -> str:
+    from templates_audit.tokenize import default_tokenizer
+
+    parts = []
+    for j, hid in enumerate(hash_ids):
+        if hid not in cache:
+            cache[hid] = mooncake_block_text(hid)
+        text = cache[hid]
+        if j == len(hash_ids) - 1:
+            last = input_length - 512 * (len(hash_ids) - 1)
+            if 0 < last < 512:
+                _ids, offs = default_tokenizer().encode_with_offsets(text)
+                text = text[: offs[last]] if last < len(offs) else text
+        parts.append(text)
+    return "".join(parts)
+
+
+def mooncake(spec: WorkloadSpec) -> Iterator[Request]:
+    if not spec.trace_path:
+        raise ValueError("the mooncake workload needs trace_path (e.g. ../shared/data/traces/conversation_trace.jsonl)")
+    cache: dict[int, str] = {}
+    with open(spec.trace_path, encoding="utf-8") as fh:
+        i = 0
+        for line in fh:
+            if i >= spec.requests:
+                break
+            rec = json.loads(line)
+            prompt = _mooncake_prompt(list(rec["hash_ids"]), int(rec["input_length"]), cache)
+            body: dict[str, Any] = {
+                "model": spec.model,
+                "prompt": prompt,
+                "max_tokens": max(1, min(int(rec["output_length"]), spec.max_output_tokens)),
+                "temperature": 0,
+                "stream": spec.stream,
+            }
+            at = rec["timestamp"] / 1000.0 / max(spec.time_scale, 1e-9)
+            yield Request(i, at, COMPLETIONS, body, group=f"h{rec['hash_ids'][0]}")
+            i += 1
+
+
+WORKLOADS = {
+    "shared-prefix": shared_prefix,
+    "multi-turn": multi_turn,
+    "hot-prefix": hot_prefix,
+    "volatile": volatile,
+    "mooncake": mooncake,
+}
+
+
+def generate(spec: WorkloadSpec) -> list[Request]:
+    """All requests of ``spec`` in arrival order. A file path as name reads a JSONL of bodies."""
+    fn = WORKLOADS.get(spec.name)
+    if fn is not None:
+        return list(fn(spec))
+    return list(_from_file(spec))
+
+
+def _from_file(spec: WorkloadSpec) -> Iterator[Request]:
+    """A JSONL file of request bodies (optionally {"path", "body", "at"} records)."""
+    try:
+        fh = open(spec.name, encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"unknown workload {spec.name!r}: not one of {sorted(WORKLOADS)} and not a readable file ({exc})") from exc
+    rng = random.Random(spec.seed)
+    times = _poisson_times(rng, spec.requests, spec.rate)
+    with fh:
+        for i, line in enumerate(fh):
+            if i >= spec.requests:
+                break
+            rec = json.loads(line)
+            body = rec.get("body", rec)
+            path = rec.get("path") or (COMPLETIONS if "prompt" in body else CHAT)
+            yield Request(i, float(rec.get("at", times[i])), path, body, group="file")

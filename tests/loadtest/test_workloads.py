@@ -1,0 +1,102 @@
+"""Workload generators: deterministic with a seed, and the intended sharing structure."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+
+import pytest
+
+from loadtest.workloads import WorkloadSpec, generate, mooncake_block_text
+from templates_audit.blocks import block_hashes
+from templates_audit.tokenize import default_tokenizer
+
+TOK = default_tokenizer()
+
+
+@pytest.mark.parametrize("name", ["shared-prefix", "multi-turn", "hot-prefix", "volatile"])
+def test_same_seed_same_requests(name: str) -> None:
+    a = generate(WorkloadSpec(name, requests=40, seed=7, min_prompt_tokens=100, max_prompt_tokens=200))
+    b = generate(WorkloadSpec(name, requests=40, seed=7, min_prompt_tokens=100, max_prompt_tokens=200))
+    c = generate(WorkloadSpec(name, requests=40, seed=8, min_prompt_tokens=100, max_prompt_tokens=200))
+    assert [r.json_bytes() for r in a] == [r.json_bytes() for r in b]
+    assert [r.json_bytes() for r in a] != [r.json_bytes() for r in c]
+    assert [r.at for r in a] == sorted(r.at for r in a)  # arrival order
+
+
+def test_shared_prefix_prompt_sizes_and_zipf() -> None:
+    reqs = generate(WorkloadSpec("shared-prefix", requests=400, seed=1, prompts=8))
+    sizes = {len(TOK.encode(r.body["messages"][0]["content"])) for r in reqs}
+    assert min(sizes) >= 900 and max(sizes) <= 4500  # 1-4k-token system prompts
+    counts = collections.Counter(r.group for r in reqs)
+    ranked = [n for _, n in counts.most_common()]
+    assert ranked[0] > 3 * ranked[-1]  # Zipf: the top prompt dominates the tail
+    # same group -> same system prompt, different user turns
+    by_group = collections.defaultdict(set)
+    for r in reqs:
+        by_group[r.group].add(r.body["messages"][0]["content"])
+    assert all(len(v) == 1 for v in by_group.values())
+
+
+def test_multi_turn_resends_history_in_order() -> None:
+    reqs = generate(WorkloadSpec("multi-turn", requests=60, seed=3, turns=3, min_prompt_tokens=50, max_prompt_tokens=80))
+    convs = collections.defaultdict(list)
+    for r in reqs:
+        convs[r.conversation].append(r)
+    for turns in convs.values():
+        assert [t.turn for t in turns] == list(range(len(turns)))
+        for prev, nxt in itertools.pairwise(turns):
+            # turn k+1's messages start with all of turn k's messages (history resent)
+            assert nxt.body["messages"][: len(prev.body["messages"])] == prev.body["messages"]
+            assert nxt.body["user"] == prev.body["user"]
+
+
+def test_hot_prefix_share() -> None:
+    reqs = generate(WorkloadSpec("hot-prefix", requests=800, seed=2, turns=2, min_prompt_tokens=50, max_prompt_tokens=80))
+    share = sum(1 for r in reqs if r.group == "p0") / len(reqs)
+    assert 0.7 <= share <= 0.9  # one system prompt carries ~80% of the traffic
+
+
+def test_volatile_injects_on_line_two() -> None:
+    reqs = generate(WorkloadSpec("volatile", requests=50, seed=4, min_prompt_tokens=50, max_prompt_tokens=80))
+    same_group = [r for r in reqs if r.group == reqs[0].group]
+    assert len(same_group) >= 2
+    lines = [r.body["messages"][0]["content"].split("\n") for r in same_group]
+    assert lines[0][0] == lines[1][0]  # line 1 static
+    assert lines[0][1] != lines[1][1]  # line 2 volatile
+    assert lines[0][2:] == lines[1][2:]  # the rest static
+
+
+def test_mooncake_block_text_is_exactly_one_block() -> None:
+    for hid in (0, 1, 12345, 999999):
+        text = mooncake_block_text(hid)
+        assert len(TOK.encode(text)) == 512
+        assert text.endswith("\n")
+    assert mooncake_block_text(5) == mooncake_block_text(5)
+    assert mooncake_block_text(5) != mooncake_block_text(6)
+
+
+def test_mooncake_replay_keeps_lengths_and_sharing(tmp_path: object) -> None:
+    trace = f"{tmp_path}/t.jsonl"
+    recs = [
+        {"timestamp": 0, "input_length": 1100, "output_length": 10, "hash_ids": [0, 1, 2]},
+        {"timestamp": 500, "input_length": 700, "output_length": 500, "hash_ids": [0, 3]},
+        {"timestamp": 1500, "input_length": 300, "output_length": 5, "hash_ids": [9]},
+    ]
+    with open(trace, "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in recs)
+    reqs = generate(WorkloadSpec("mooncake", requests=10, trace_path=trace, time_scale=2.0, max_output_tokens=64))
+    assert len(reqs) == 3
+    ids = [TOK.encode(r.body["prompt"]) for r in reqs]
+    assert [len(x) for x in ids] == [1100, 700, 300]
+    h0, h1 = block_hashes(ids[0], 16), block_hashes(ids[1], 16)
+    shared = sum(1 for a, b in zip(h0, h1, strict=False) if a == b)
+    assert shared == 512 // 16  # exactly the shared 512-token block 0
+    assert [r.at for r in reqs] == [0.0, 0.25, 0.75]  # time scaled by 2
+    assert reqs[1].body["max_tokens"] == 64  # output length capped
+
+
+def test_unknown_workload_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown workload"):
+        generate(WorkloadSpec("no-such-workload"))
