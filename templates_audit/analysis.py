@@ -318,7 +318,7 @@ class Auditor:
     def _finding(self, tpl: _TemplateState, st: _SpanStats) -> Finding | None:
         text = tpl.static_text
         after = text[st.ref_end:]
-        if not after.strip():
+        if not after.strip() and not st.injected:
             return None  # a varying tail: nothing static follows, nothing is lost
         kind = st.kinds.most_common(1)[0][0]
         if "secret" in st.kinds:

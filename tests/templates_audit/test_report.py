@@ -1,0 +1,98 @@
+"""report renderers: pure functions of a Report; JSON schema v1; colour only on request."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from templates_audit.model import BadLine, Finding, Report, Role, Summary, Template
+from templates_audit.report import json_report, markdown, text
+
+SUMMARY = Summary(requests=120, bad_lines=2, templates=1, block_size=16,
+                  observed_hit_rate=0.25, achievable_hit_rate=0.9)
+TEMPLATE = Template("tpl-1", 120, 18, 1007, "You are helpful.\nCurrent date: 2024-05-20", "t:1")
+DATE = Finding("tpl-1", "date", Role.SYSTEM, 18, 1, 120, 20, ("2024-05-20", "2024-05-21"), 976.0,
+               "move `Current date: …` to the end", before="Current date: ", after="\nRule 0",
+               char_start=30, char_end=40)
+SECRET = Finding("tpl-1", "secret", Role.SYSTEM, 40, 2, 120, 3, ("sk-`abc|def",), 960.0,
+                 "remove credentials from prompts", before="key ", after=" now")
+BAD = (BadLine("t.jsonl", 7, "invalid JSON: x"),)
+REPORT = Report(SUMMARY, (TEMPLATE,), (DATE, SECRET), BAD)
+EMPTY = Report(SUMMARY, (TEMPLATE,), (), ())
+
+REQUIRED = {
+    "summary": {"requests", "bad_lines", "templates", "block_size", "observed_hit_rate",
+                "achievable_hit_rate"},
+    "templates": {"id", "requests", "shared_prefix_tokens", "example_prefix"},
+    "findings": {"template", "kind", "role", "first_token", "block", "requests_affected",
+                 "distinct_values", "examples", "tokens_lost_per_request", "suggestion"},
+    "bad_line_samples": {"file", "line", "error"},
+}
+
+
+@pytest.mark.parametrize("section", sorted(REQUIRED))  # every key the v1 schema promises
+def test_json_has_schema_v1_keys(section: str) -> None:
+    doc = json.loads(json_report.render(REPORT))
+    assert doc["schema_version"] == 1
+    items = doc[section] if isinstance(doc[section], list) else [doc[section]]
+    assert items and all(REQUIRED[section] <= set(item) for item in items)
+
+
+def test_json_values() -> None:
+    doc = json.loads(json_report.render(REPORT))
+    f = doc["findings"][0]
+    assert (f["kind"], f["role"], f["first_token"], f["block"]) == ("date", "system", 18, 1)
+    assert f["examples"] == ["2024-05-20", "2024-05-21"] and f["tokens_lost_per_request"] == 976.0
+    assert doc["findings"][1]["security"] is True and doc["findings"][0]["security"] is False
+    assert doc["bad_line_samples"] == [{"file": "t.jsonl", "line": 7, "error": "invalid JSON: x"}]
+
+
+RENDERERS = [
+    # (name, render function) — all pure: same report in, same text out, nothing printed
+    ("text", lambda r: text.render(r)),
+    ("text-color", lambda r: text.render(r, color=True)),
+    ("json", json_report.render),
+    ("markdown", markdown.render),
+]
+
+
+@pytest.mark.parametrize(("name", "render"), RENDERERS, ids=[r[0] for r in RENDERERS])
+def test_renderers_are_pure(name: str, render, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    assert render(REPORT) == render(REPORT)
+    assert capsys.readouterr() == ("", "")
+
+
+TEXT_CASES = [
+    # (color, must contain, must not contain)
+    (False, "«2024-05-20»", "\x1b["),  # no TTY: value in guillemets, no escape codes
+    (True, "\x1b[", "«"),  # TTY: value highlighted with ANSI
+    (False, "SECURITY", None),  # the secret is flagged as a security problem
+    (False, "t.jsonl:7: invalid JSON", None),  # bad lines with file:line
+    (False, "observed 25.0%, achievable 90.0%", None),  # whole-trace figures
+    (False, "~976 tokens lost per request", None),  # the cost of the finding
+    (False, "fix: move `Current date: …` to the end", None),  # the fix
+]
+
+
+@pytest.mark.parametrize(("color", "present", "absent"), TEXT_CASES)
+def test_text(color: bool, present: str, absent: str | None) -> None:
+    out = text.render(REPORT, color=color)
+    assert present in out
+    assert absent is None or absent not in out
+
+
+MD_CASES = [
+    # (report, must contain, must not contain)
+    (REPORT, "| tpl-1 | **date** | system | 18 (1) | 120 | 20 | `2024-05-20` | 976 |", None),
+    (REPORT, "security finding", None),  # banner for secrets
+    (REPORT, "`sk-ˋabc¦def`", "sk-`abc|def"),  # backticks/pipes in values cannot break the table
+    (EMPTY, "No volatile values break a shared prefix", "| template |"),  # clean report
+]
+
+
+@pytest.mark.parametrize(("report", "present", "absent"), MD_CASES)
+def test_markdown(report: Report, present: str, absent: str | None) -> None:
+    out = markdown.render(report)
+    assert present in out
+    assert absent is None or absent not in out
