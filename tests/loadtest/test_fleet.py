@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -75,7 +76,7 @@ def test_a_replica_that_cannot_start_fails_start_with_its_log() -> None:
 
 
 def test_replica_options_round_trip_through_argv() -> None:
-    options = {"speed": 2.5, "instant": True, "preempt": False, "kv_blocks": 77,
+    options: dict[str, Any] = {"speed": 2.5, "instant": True, "preempt": False, "kv_blocks": 77,
                "chat_template": "t.j2", "fault_stop_after": 3}
     parser = argparse.ArgumentParser()
     add_arguments(parser)
