@@ -116,7 +116,5 @@ def build_ring(kind: str, members: Sequence[RingMember], vnodes: int = 160) -> R
     if kind == "nginx":
         from router.ring_nginx import NginxRing
 
-        # NginxRing types its members structurally; they are the RingMembers passed in.
-        ring: Ring = NginxRing(members)  # type: ignore[assignment]
-        return ring
+        return NginxRing(members)
     raise ValueError(f"ring kind: expected one of {', '.join(RING_KINDS)}, got {kind!r}")
