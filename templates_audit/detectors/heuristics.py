@@ -14,7 +14,7 @@ import itertools
 import json
 import re
 
-_CONTEXT = 64  # characters of left context the context rules look at
+_CONTEXT = 128  # characters of left context the context rules look at
 
 
 def span(m: re.Match[str]) -> tuple[int, int]:
@@ -178,21 +178,28 @@ NOT_NAMES: frozenset[str] = frozenset(
 )
 
 
+_ASSISTANT_CUE = re.compile(r"(?i)\b(?:your|my\s+own|assistant's)\s*$")
+
+
 def name_ok(m: re.Match[str], text: str) -> bool:
-    """The first word after a name cue must not be a stop word or a placeholder in capitals."""
+    """The first word after a name cue must not be a stop word or a placeholder in capitals,
+    and "Your name is X" names the assistant (constant), not the user."""
     first = m["v"].split()[0]
-    return first not in NOT_NAMES and not first.isupper()
+    if first in NOT_NAMES or first.isupper():
+        return False
+    return not _ASSISTANT_CUE.search(text, max(0, m.start() - 16), m.start())
 
 
-# The cue, then up to 40 characters of the same sentence without digits or a "current/today"
+# The cue, then up to 96 characters of the same sentence without digits or a "current/today"
 # (so "cutoff: 2024-06. Current date: 2025-01-02" does not relabel the current date).
 _RELEASE_CUE = re.compile(
     r"(?i)(?:knowledge|cut-?off|last\s+updated|trained|training\s+data|information\s+up\s+to"
-    r"|data\s+up\s+to)(?:(?!current|today|now)[^\n.!?\d]){0,40}(?:\n[ \t]*)?$"
+    r"|data\s+up\s+to)(?:(?!current|today|now)[^\n.!?\d]){0,96}(?:\n[ \t]*)?$"
 )
 # dates in prose about fixed events: "founded on", "诞生于2023年10月10日" (born on)
 _EVENT_CUE = re.compile(
-    r"(?i)(?:born|founded|established|launched|released|incorporated|诞生于|成立于|发布于|创立于)"
+    r"(?i)(?:born|founded|established|launched|released|incorporated|inaugurated|elected|died"
+    r"|signed|诞生于|成立于|发布于|创立于)"
     r"[^\n.!?。]{0,12}$"
 )
 
@@ -227,8 +234,11 @@ def current_year_ok(m: re.Match[str], text: str) -> bool:
 
 
 _DEP_CUE = re.compile(r"(?:==|>=|<=|~=|!=|\^|~|@|\s-\s)\s*$")
+# "version 2.1.4", "OS Version: Darwin 24.6.0", "Windows 11 Pro 10.0.26100", "Qoder IDE 0.1.16":
+# a cue, then at most two words, then the number. "Python 3.11" has no cue and stays prose.
 _VERSION_CUE = re.compile(
-    r"(?i)(?:\bversion|\bver\.|\brelease|\bbuild)(?:\s+is)?[\s:=]*(?:[A-Za-z]+\s+)?$"
+    r"(?:(?i:\bversion|\bver\.|\brelease|\bbuild)|\b(?:OS|IDE|SDK|API|Windows|macOS|Darwin"
+    r"|Linux|iOS|Android))(?:\s+is)?[\s:=(]*(?:[A-Za-z0-9]+\s+){0,2}$"
 )
 
 
@@ -238,4 +248,4 @@ def version_ok(m: re.Match[str], text: str) -> bool:
     start = m.start()
     if m[0][0] in "vV":
         return not _DEP_CUE.search(text, max(0, start - 4), start)
-    return _VERSION_CUE.search(text, max(0, start - 40), start) is not None
+    return _VERSION_CUE.search(text, max(0, start - 48), start) is not None

@@ -28,8 +28,8 @@ class Kind(StrEnum):
     OTHER = "other"
 
 
-# Detectors whose values change per release/config or per year (or never), not per
-# request/day/session.
+# Detectors whose values change per release/config or per year (or never: a fixed event's
+# date), not per request/day/session.
 # The auditor still reports them when they vary; the router does not cut its key there, because
 # they are constant for a deployment and cutting would only make the routing key less specific.
 KNOWLEDGE_CUTOFF = "knowledge_cutoff"
@@ -50,5 +50,6 @@ class Match:
 
     @property
     def long_lived(self) -> bool:
-        """True for per-release/per-year values (knowledge cutoff, current year)."""
+        """True for per-release/per-year/constant values (knowledge cutoff, current year,
+        a fixed event's date): the router does not cut there."""
         return self.detector in LONG_LIVED_DETECTORS

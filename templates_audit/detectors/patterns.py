@@ -263,11 +263,13 @@ NAME = Detector(
     "name_cue",
     Kind.NAME,
     _c(
-        rf"(?i:name\s+is|name:|you\s+are\s+(?:talking|speaking|chatting)\s+(?:to|with)"
+        rf"(?i:name\s+is|you\s+are\s+(?:talking|speaking|chatting)\s+(?:to|with)"
         rf"|you're\s+(?:talking|speaking|chatting)\s+(?:to|with)|the\s+user\s+is\s+called"
-        rf"|user\s+is\s+named)[\s:]*(?P<v>{_NAME}(?:\s{_NAME}){{0,2}})(?![\w])",
-        rf"(?:^|\n)(?:User|Customer|Name):[ \t]*(?P<v>{_NAME}(?:\s{_NAME}){{0,2}})[ \t]*(?=\n|$)",
-        rf"(?:Hello|Hi|Hey|Dear)[ \t]+(?P<v>{_NAME}(?:\s{_NAME}){{0,2}})(?=[,!])",
+        rf"|user\s+is\s+named)[ \t:]*(?P<v>{_NAME}(?:[ \t]{_NAME}){{0,2}})(?![\w])",
+        # a `Name:` field at the start of a line (indented `name:` keys are YAML/JSON schemas)
+        rf"(?:^|\n)(?:User|Customer|Name|User name|Username):[ \t]*"
+        rf"(?P<v>{_NAME}(?:[ \t]{_NAME}){{0,2}})[ \t]*(?=\n|$)",
+        rf"(?:Hello|Hi|Hey|Dear)[ \t]+(?P<v>{_NAME}(?:[ \t]{_NAME}){{0,2}})(?=[,!])",
     ),
     h.name_ok,
     priority=60,

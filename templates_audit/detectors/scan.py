@@ -10,9 +10,12 @@ Algorithm:
    `on`, `-`) merge: with a date and a time into one `timestamp` (`08:32PM Monday, May 13,
    2024`, `Wed, 07 Dec 2022 22:50:56 +0000`), a weekday and a date into one `date`. Anchor-only
    candidates (a lone weekday, `7 PM`, `3:16`) that merged with nothing are dropped;
-4. a date whose left context says "knowledge cutoff"/"last updated" is re-labelled
-   `knowledge_cutoff`, one introduced as a fixed event ("founded on") `event_date`; both are
-   long-lived (`Match.long_lived`) and the router does not cut there.
+4. a date is re-labelled by its left context: after "knowledge cutoff"/"last updated" it
+   becomes `knowledge_cutoff`, introduced as a fixed event ("founded on") `event_date`. These
+   are long-lived (`Match.long_lived`): the router does not cut there. Values after "e.g." are
+   NOT exempt: templates fill examples with live values too ("e.g. "yesterday" is Monday,
+   July 6, 2026"), and cutting early only shortens the routing key, while missing a volatile
+   value changes the key with every request.
 
 Invariants: the result is sorted by start, spans never overlap, `text[m.start:m.end] == m.value`,
 and `scan(text, kinds)` is exactly `scan(text)` restricted to `kinds`.
@@ -122,12 +125,14 @@ def _merge(text: str, taken: list[_Cand]) -> list[Match]:
 
 
 def _relabel(text: str, m: Match) -> Match:
-    if m.kind in (Kind.DATE, Kind.TIMESTAMP) and not m.long_lived:
-        if h.in_release_context(text, m.start):
-            return Match(m.kind, m.start, m.end, m.value, KNOWLEDGE_CUTOFF)
-        if h.in_event_context(text, m.start):
-            return Match(m.kind, m.start, m.end, m.value, EVENT_DATE)
-    return m
+    if m.long_lived or m.kind not in (Kind.DATE, Kind.TIMESTAMP):
+        return m
+    name = None
+    if h.in_release_context(text, m.start):
+        name = KNOWLEDGE_CUTOFF
+    elif h.in_event_context(text, m.start):
+        name = EVENT_DATE
+    return m if name is None else Match(m.kind, m.start, m.end, m.value, name)
 
 
 def _finish(text: str, cands: list[_Cand]) -> list[Match]:

@@ -3,6 +3,8 @@ the case proves."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 import templates_audit.detectors as det
@@ -68,10 +70,18 @@ DETECTED = [
     ("at 14:05 UTC,", TM, "14:05 UTC"),  # timezone
     ("at 19:29 each", TM, "19:29"),  # bare two-digit hour
     # --- identifiers
-    ("ctr/48193ee0-f52d-41cd-ac65-ee28766bc853 x", Kind.UUID, "48193ee0-f52d-41cd-ac65-ee28766bc853"),
+    (
+        "ctr/48193ee0-f52d-41cd-ac65-ee28766bc853 x",
+        Kind.UUID,
+        "48193ee0-f52d-41cd-ac65-ee28766bc853",
+    ),
     ("T-7A5C84CC-5040-47FA-884B-A6E814569614", Kind.UUID, "7A5C84CC-5040-47FA-884B-A6E814569614"),
     ("request id 3f2a9c1b7d4e5f60a1b2 ok", Kind.HEX_ID, "3f2a9c1b7d4e5f60a1b2"),  # 20 hex
-    ("sha 0x9f86d081884c7d659a2feaa0c55ad015 done", Kind.HEX_ID, "9f86d081884c7d659a2feaa0c55ad015"),
+    (
+        "sha 0x9f86d081884c7d659a2feaa0c55ad015 done",
+        Kind.HEX_ID,
+        "9f86d081884c7d659a2feaa0c55ad015",
+    ),
     ("id req_8f7e6d5c4b3a2910 is", Kind.HEX_ID, "req_8f7e6d5c4b3a2910"),  # prefixed id
     ("for user 1234577 only", Kind.NUMERIC_ID, "1234577"),  # cue + 7 digits
     ("order #88812345 shipped", Kind.NUMERIC_ID, "88812345"),  # `#` + 8 digits
@@ -89,7 +99,11 @@ DETECTED = [
     ("Hello Maria, how", Kind.NAME, "Maria"),
     ("User: Jean-Luc\n", Kind.NAME, "Jean-Luc"),
     ("The current user's name is: Mars", Kind.NAME, "Mars"),
-    ("key sk-proj-abc123DEF456ghi789JKL012mno end", Kind.SECRET, "sk-proj-abc123DEF456ghi789JKL012mno"),
+    (
+        "key sk-proj-abc123DEF456ghi789JKL012mno end",
+        Kind.SECRET,
+        "sk-proj-abc123DEF456ghi789JKL012mno",
+    ),
     ("AKIAIOSFODNN7EXAMPL3 in", Kind.SECRET, "AKIAIOSFODNN7EXAMPL3"),
 ]
 
@@ -186,7 +200,9 @@ def test_cutoff_cue_does_not_swallow_the_current_date() -> None:
 def test_first_volatile_is_the_earliest_router_kind_value() -> None:
     text = "You are Kimi, v2. Email a@b.co. Knowledge cutoff: 2023-10.\nCurrent date: 2024-05-20."
     fv = first_volatile(text)
-    assert fv == Match(Kind.DATE, text.index("2024"), text.index("2024") + 10, "2024-05-20", "iso_date")
+    assert fv == Match(
+        Kind.DATE, text.index("2024"), text.index("2024") + 10, "2024-05-20", "iso_date"
+    )
 
 
 def test_first_volatile_finds_a_jwt() -> None:
@@ -203,14 +219,16 @@ def test_email_is_not_a_router_kind() -> None:
 def test_scan_kinds_filters_the_full_scan() -> None:
     text = "v1.2 at 2024-05-20 10:00 by bob@example.com, id 48193ee0-f52d-41cd-ac65-ee28766bc853"
     full = scan(text)
-    assert scan(text, {Kind.UUID, Kind.EMAIL}) == [m for m in full if m.kind in {Kind.UUID, Kind.EMAIL}]
+    assert scan(text, {Kind.UUID, Kind.EMAIL}) == [
+        m for m in full if m.kind in {Kind.UUID, Kind.EMAIL}
+    ]
 
 
 def test_match_invariants() -> None:
     text = "\n".join(t for t, _, _ in DETECTED)
     found = scan(text)
     assert found == sorted(found, key=lambda m: m.start)
-    assert all(a.end <= b.start for a, b in zip(found, found[1:], strict=False))
+    assert all(a.end <= b.start for a, b in itertools.pairwise(found))
     assert all(text[m.start : m.end] == m.value for m in found)
 
 
