@@ -42,23 +42,13 @@ from __future__ import annotations
 import bisect
 import zlib
 from collections.abc import Container, Iterator, Sequence
-from typing import Protocol
+
+from router.ring import RingMember
 
 __all__ = ["NGINX_MAX_SKIPS", "POINTS_PER_WEIGHT", "NginxRing", "key_bytes", "split_server"]
 
 POINTS_PER_WEIGHT = 160
 NGINX_MAX_SKIPS = 20  # points nginx steps over per request before falling back to round-robin
-
-
-class _Member(Protocol):
-    """What the ring reads from ``router.ring.RingMember``."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def weight(self) -> int: ...
-    @property
-    def address(self) -> str: ...
 
 
 def split_server(server: str) -> tuple[bytes, bytes]:
@@ -102,7 +92,7 @@ class NginxRing:
     members sorted by name and ``router.nginx_config`` lists servers in that same order.
     """
 
-    def __init__(self, members: Sequence[_Member]) -> None:
+    def __init__(self, members: Sequence[RingMember]) -> None:
         self.members = tuple(members)
         names = [m.name for m in self.members]
         if len(set(names)) != len(names):

@@ -29,6 +29,7 @@ from tests.conftest import ThreadedServer, free_port, require_binary, wait_for_p
 
 Replica = tuple[str, str, int]  # (name, url, weight), what render_config takes
 KEY_HEADER = "X-Prefix-Hash"
+COMPLETION_BODY = b'{"model": "m", "prompt": "hi"}'
 
 
 def nginx_binary() -> str:
@@ -227,20 +228,21 @@ def nginx_fleet(prefix: Path, weights: Sequence[int]) -> Iterator[list[Replica]]
         backend.stop()
 
 
-def placements(nginx: NginxProcess, keys: Iterable[str]) -> dict[str, str]:
-    """Which replica nginx sends each key to (the upstream's own ``x-replica-name``).
+def placements(port: int, keys: Iterable[str]) -> dict[str, str]:
+    """Which replica the proxy on 127.0.0.1:``port`` (nginx or the router) sends each key to,
+    read from the upstream's own ``x-replica-name``.
 
     A key is sent as its UTF-8 bytes and recorded as an ASGI server would hand it to the router
-    (those bytes decoded as latin-1); for ASCII keys both are the key itself.
-
-    Plain http.client on one keep-alive connection: a third of httpx's per-request cost here.
+    (those bytes decoded as latin-1); for ASCII keys both are the key itself. Plain http.client
+    on one keep-alive connection: a third of httpx's per-request cost here.
     """
     out: dict[str, str] = {}
-    conn = http.client.HTTPConnection("127.0.0.1", nginx.port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         for key in keys:
             raw = key.encode()
-            conn.request("POST", "/v1/completions", body=b"{}", headers={KEY_HEADER: raw})
+            conn.request("POST", "/v1/completions", body=COMPLETION_BODY,
+                         headers={KEY_HEADER: raw, "Content-Type": "application/json"})
             response = conn.getresponse()
             response.read()
             if response.status != 200:

@@ -3,8 +3,6 @@ header-keyed request to the same replica."""
 
 from __future__ import annotations
 
-import http.client
-from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -13,25 +11,9 @@ from router.app import create_app
 from router.nginx_config import render
 from router.settings import Settings
 from tests.conftest import ThreadedServer, free_port
-from tests.nginx.harness import KEY_HEADER, NginxProcess, nginx_fleet
+from tests.nginx.harness import NginxProcess, nginx_fleet, placements
 
 pytestmark = pytest.mark.nginx
-
-
-def replica_per_key(port: int, keys: Iterable[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        for key in keys:
-            conn.request("POST", "/v1/completions", body=b'{"model": "m", "prompt": "hi"}',
-                         headers={KEY_HEADER: key, "Content-Type": "application/json"})
-            response = conn.getresponse()
-            response.read()
-            assert response.status == 200, (key, response.status)
-            out[key] = response.headers["x-replica-name"]
-    finally:
-        conn.close()
-    return out
 
 
 def test_router_with_nginx_ring_and_nginx_agree_on_every_key(tmp_path: Path) -> None:
@@ -48,8 +30,8 @@ def test_router_with_nginx_ring_and_nginx_agree_on_every_key(tmp_path: Path) -> 
                                                         standalone=True), port).start()
         try:
             with ThreadedServer(create_app(settings)) as router:
-                via_router = replica_per_key(router.port, keys)
-            via_nginx = replica_per_key(nginx.port, keys)
+                via_router = placements(router.port, keys)
+            via_nginx = placements(nginx.port, keys)
         finally:
             nginx.stop()
     assert {k for k in keys if via_router[k] != via_nginx[k]} == set()

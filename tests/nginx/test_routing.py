@@ -50,7 +50,7 @@ def request(port: int, method: str, path: str, headers: dict[str, str] | None = 
 def test_2000_keys_land_where_nginx_ring_says_with_uneven_weights(tmp_path: Path) -> None:
     # Upstreams are starlette apps that name themselves in x-replica-name.
     with identity_fleet([1, 3, 2, 1]) as replicas, running_nginx(tmp_path, replicas) as nginx:
-        got = placements(nginx, KEYS)
+        got = placements(nginx.port, KEYS)
     ring = ring_of(replicas)
     assert {k: v for k, v in got.items() if ring.lookup(k) != v} == {}
     counts = Counter(got.values())
@@ -60,7 +60,7 @@ def test_2000_keys_land_where_nginx_ring_says_with_uneven_weights(tmp_path: Path
 def test_2000_keys_land_where_nginx_ring_says_with_equal_weights(tmp_path: Path) -> None:
     with nginx_fleet(tmp_path / "backends", [1] * 6) as replicas, \
             running_nginx(tmp_path / "front", replicas) as nginx:
-        got = placements(nginx, KEYS)
+        got = placements(nginx.port, KEYS)
     ring = ring_of(replicas)
     assert {k: v for k, v in got.items() if ring.lookup(k) != v} == {}
     assert set(got.values()) == {name for name, _, _ in replicas}
@@ -132,7 +132,7 @@ def test_keys_of_an_unreachable_replica_follow_the_ring_walk(tmp_path: Path) -> 
         ring = ring_of(replicas)
         keys = KEYS[:600]
         with running_nginx(tmp_path / "front", replicas) as nginx:
-            got = placements(nginx, keys)
+            got = placements(nginx.port, keys)
     orphans = [k for k in keys if ring.lookup(k) == "r3"]
     assert len(orphans) > 50
     for key in keys:
@@ -148,10 +148,10 @@ def test_reload_without_a_replica_moves_only_its_keys(tmp_path: Path) -> None:
         port = free_port()
         nginx = NginxProcess(tmp_path / "front", render_standalone(replicas, port), port).start()
         try:
-            before = placements(nginx, keys)
+            before = placements(nginx.port, keys)
             remaining = [r for r in replicas if r[0] != "r1"]
             nginx.reload(render_standalone(remaining, port))
-            after = placements(nginx, keys)
+            after = placements(nginx.port, keys)
         finally:
             nginx.stop()
     old_ring, new_ring = ring_of(replicas), ring_of(remaining)

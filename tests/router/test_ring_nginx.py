@@ -39,7 +39,7 @@ def captured(
     tmp: Path = tmp_path_factory.mktemp("nginx-table")
     with nginx_fleet(tmp / "backends", WEIGHTS) as replicas, \
             running_nginx(tmp / "front", replicas) as nginx:
-        yield replicas, placements(nginx, TABLE_KEYS)
+        yield replicas, placements(nginx.port, TABLE_KEYS)
 
 
 @pytest.mark.nginx
