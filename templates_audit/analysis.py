@@ -50,7 +50,7 @@ from templates_audit.traces import Record
 
 __all__ = ["DEFAULT_CACHE_BLOCKS", "Auditor", "analyze"]
 
-DEFAULT_CACHE_BLOCKS = 1 << 18  # 4M tokens at block size 16: a large GPU's whole KV pool
+DEFAULT_CACHE_BLOCKS = 1 << 16  # 1M tokens at block size 16: more than one GPU's KV pool holds
 MAX_SPANS = 64
 MAX_DISTINCT = 4096
 MAX_EXAMPLES = 5
