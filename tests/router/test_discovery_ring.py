@@ -16,8 +16,8 @@ KEYS = [RoutingKey(prefix=f"system prompt #{i}", conversation=None, source=KeySo
         for i in range(1000)]
 
 
-def routes(endpoints: list[Endpoint]) -> list[str]:
-    replicas = ReplicaSet(endpoints)
+def routes(endpoints: list[Endpoint], ring: str = "xxhash") -> list[str]:
+    replicas = ReplicaSet(endpoints, ring_kind=ring)
     policy = make_policy("prefix")
     out = []
     for seq, key in enumerate(KEYS):
@@ -49,10 +49,13 @@ def test_two_routers_route_1000_keys_identically(tmp_path: Path) -> None:
                 assert a.latest == b.latest
                 first = routes(a.latest or [])
                 assert first == routes(b.latest or [])
+                # nginx's ring (hashes addresses, not names) agrees across instances too
+                assert routes(a.latest or [], "nginx") == routes(b.latest or [], "nginx")
                 assert "vllm-1" not in first  # not ready: no traffic
                 assert len(set(first)) == 4
 
-                # vllm-3 restarts: same pod name, new IP -> no key changes home
+                # vllm-3 restarts: same pod name, new IP -> no key changes home on the
+                # (name-keyed) xxhash ring; the nginx ring is address-keyed and would move them
                 api.put_slice(make_slice("vllm-b", "vllm", [
                     pod_endpoint("vllm-3", "10.0.0.99"), pod_endpoint("vllm-4", "10.0.0.14")]))
                 for r in (a, b):
