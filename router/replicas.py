@@ -1,7 +1,8 @@
 """Replica state as the policy sees it, and the registry the server mutates.
 
 :class:`ReplicaState` is deliberately mutable: the proxy bumps ``in_flight``, the health loop
-flips ``healthy``, the scraper writes the ``vllm:*`` gauges. The policy only reads it.
+flips ``healthy``, the scraper writes the ``vllm:*`` gauges, and membership updates own
+``draining`` (endpoint not ready or terminating). The policy only reads it.
 
 :class:`ReplicaSet` maps names to states and owns the hash ring. Invariants:
 - the ring contains every known replica, available or not, so a replica that flaps or drains
