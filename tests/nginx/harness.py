@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import http.client
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -36,6 +38,22 @@ def nginx_binary() -> str:
     return require_binary("nginx")
 
 
+@functools.cache
+def _version(binary: str) -> tuple[int, ...]:
+    out = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=10, check=False)
+    match = re.search(r"nginx/(\d+)\.(\d+)\.(\d+)", out.stderr + out.stdout)
+    return tuple(int(x) for x in match.groups()) if match else (0, 0, 0)
+
+
+def _command(prefix: Path, conf: Path, *extra: str) -> list[str]:
+    binary = nginx_binary()
+    return [binary, *extra, "-p", str(prefix), "-c", str(conf),
+            # -e (1.19.5+) keeps even start-up errors in the prefix; older builds use their
+            # compiled-in error log until the config's error_log takes over
+            *(["-e", str(prefix / "error.log")] if _version(binary) >= (1, 19, 5) else []),
+            "-g", _globals()]
+
+
 def _globals() -> str:
     # As root the master would hand workers to `nobody`, who cannot use the 0700 pytest tmp dirs.
     return "daemon off;" + (" user root;" if os.geteuid() == 0 else "")
@@ -48,9 +66,7 @@ def check_config(prefix: Path, conf_text: str,
     conf = prefix / name
     conf.write_text(conf_text)
     return subprocess.run(
-        [nginx_binary(), "-t", "-p", str(prefix), "-c", str(conf), "-e", str(prefix / "error.log"),
-         "-g", _globals()],
-        capture_output=True, text=True, timeout=30, check=False,
+        _command(prefix, conf, "-t"), capture_output=True, text=True, timeout=30, check=False,
     )
 
 
@@ -70,9 +86,7 @@ class NginxProcess:
 
     def start(self) -> NginxProcess:
         self.proc = subprocess.Popen(
-            [nginx_binary(), "-p", str(self.prefix), "-c", str(self.conf),
-             "-e", str(self.prefix / "error.log"), "-g", _globals()],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            _command(self.prefix, self.conf), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
         try:
             wait_for_port(self.port, timeout=15)
