@@ -15,6 +15,15 @@ from typing import Any
 from router.discovery import Endpoint
 
 
+def until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> float:
+    """Poll `predicate` until true; the elapsed seconds, or AssertionError after `timeout`."""
+    start = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - start < timeout, f"{what}: not within {timeout}s"
+        time.sleep(0.005)
+    return time.monotonic() - start
+
+
 class DiscoveryRunner:
     def __init__(self, discovery: Any) -> None:
         self.discovery = discovery

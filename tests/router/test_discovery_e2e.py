@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from router.app import create_app
 from router.settings import Settings
 from tests.conftest import ThreadedServer
+from tests.deploy.discovery_runner import until
 from tests.deploy.fake_kube import FakeKubeAPI, make_slice, pod_endpoint
 
 DEADLINE = 15.0
@@ -81,11 +81,7 @@ def fleet(tmp_path: Path) -> Iterator[tuple[FakeKubeAPI, Any, str, Counter[str]]
 
 
 def wait(predicate: Any, what: str) -> float:
-    start = time.monotonic()
-    while not predicate():
-        assert time.monotonic() - start < DEADLINE, f"{what}: not within {DEADLINE}s"
-        time.sleep(0.01)
-    return time.monotonic() - start
+    return until(predicate, what, DEADLINE)
 
 
 def send_many(url: str, n: int, tag: str) -> None:

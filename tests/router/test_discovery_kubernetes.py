@@ -7,14 +7,13 @@ recorded in docs/kubernetes.md rather than asserted.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from router.discovery import Backoff, Endpoint, KubernetesDiscovery
-from tests.deploy.discovery_runner import DiscoveryRunner
+from tests.deploy.discovery_runner import DiscoveryRunner, until
 from tests.deploy.fake_kube import FakeKubeAPI, make_slice, pod_endpoint
 
 DEADLINE = 10.0
@@ -48,11 +47,8 @@ def runner(api: FakeKubeAPI, tmp_path: Path) -> Iterator[DiscoveryRunner]:
         yield r
 
 
-def _wait_watching(api: FakeKubeAPI, n: int = 1) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while api.watch_count() < n:
-        assert time.monotonic() < deadline, "discovery never opened a watch"
-        time.sleep(0.01)
+def _wait_watching(api: FakeKubeAPI) -> None:
+    until(lambda: api.watch_count() >= 1, "discovery opens a watch", DEADLINE)
 
 
 def names(eps: list[Endpoint]) -> list[str]:
@@ -116,10 +112,7 @@ def test_410_event_on_open_watch_relists_and_forgets_deleted(api: FakeKubeAPI,
 
 def test_410_error_event_mid_stream(api: FakeKubeAPI, runner: DiscoveryRunner) -> None:
     api.expire_watches()  # ERROR {code: 410} on the open stream
-    deadline = time.monotonic() + DEADLINE
-    while api.count("list") < 2:
-        assert time.monotonic() < deadline, "no relist after an ERROR 410 event"
-        time.sleep(0.01)
+    until(lambda: api.count("list") >= 2, "relist after an ERROR 410 event", DEADLINE)
     api.delete_slice("vllm-abc")
     runner.wait_for(lambda eps: names(eps) == ["vllm-2"], DEADLINE, "watch after relist")
 
@@ -156,10 +149,7 @@ def test_clean_watch_end_and_bookmarks_advance_the_version(api: FakeKubeAPI,
     api.put_slice(fleet_slice("other-2", {"o": "10.1.1.1"}, service="other"))  # not ours
     api.bookmark()
     api.end_watches()  # queued after the bookmark on the same stream, so it arrives first
-    deadline = time.monotonic() + DEADLINE
-    while api.count("watch") < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    until(lambda: api.count("watch") >= 2, "re-watch after a clean end", DEADLINE)
     last = [r for r in api.requests if r["kind"] == "watch"][-1]
     assert last["query"]["resourceVersion"] == str(api.resource_version)
     assert api.count("list") == 1
@@ -218,20 +208,14 @@ def test_repeated_drops_after_good_watches_do_not_escalate_backoff(
         runner.wait_for(lambda eps, i=i: f"vllm-x{i}" in names(eps), DEADLINE)  # type: ignore[misc]
         watches = api.count("watch")
         api.drop_watches()
-        deadline = time.monotonic() + DEADLINE
-        while api.count("watch") == watches:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        until(lambda w=watches: api.count("watch") > w, "re-watch after a drop", DEADLINE)  # type: ignore[misc]
     assert d.backoff.failures <= 1  # each drop followed a useful watch: backoff started over
 
 
 def test_backoff_grows_while_the_api_server_is_down(api: FakeKubeAPI,
                                                     runner: DiscoveryRunner) -> None:
     api.stop()
-    deadline = time.monotonic() + DEADLINE
-    while runner.discovery.backoff.failures < 4:
-        assert time.monotonic() < deadline, "backoff did not grow"
-        time.sleep(0.01)
+    until(lambda: runner.discovery.backoff.failures >= 4, "backoff grows", DEADLINE)
     api.start()
     api.put_slice(fleet_slice("vllm-ghi", {"vllm-3": "10.0.0.13"}))
     runner.wait_for(lambda eps: "vllm-3" in names(eps), DEADLINE)
