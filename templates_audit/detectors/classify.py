@@ -27,6 +27,7 @@ _WEEKDAY_OR_MONTH = re.compile(
     r"|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?"
     r"|(?:星期|周|週)[一二三四五六日天]"
 )
+_EMAIL = re.compile(r"[^@\s]+@[^@\s/]+\.[A-Za-z]{2,}")
 _VERSION = re.compile(r"[vV]?\d+(?:\.\d+)+")
 _HEX = re.compile(r"(?:0[xX])?[0-9a-fA-F]{8,}")
 _NAME_CUE = re.compile(
@@ -67,7 +68,7 @@ def _token_kind(token: str) -> Kind | None:
         if len(token) == 4 and 1900 <= int(token) <= 2199:
             return Kind.DATE
         return Kind.NUMERIC_ID if len(token) >= 5 else Kind.OTHER
-    if "@" in token:
+    if _EMAIL.fullmatch(token):
         return Kind.EMAIL
     if _VERSION.fullmatch(token):
         return Kind.VERSION

@@ -49,7 +49,9 @@ def _c(*sources: str) -> tuple[re.Pattern[str], ...]:
 
 # --- building blocks -------------------------------------------------------------------------
 WORD = re.compile(r"[A-Za-z0-9_]")
-WORD_OR = {chars: re.compile(rf"[A-Za-z0-9_{chars}]") for chars in (".:/-", ".,$€£+-", "-", ".-")}
+WORD_OR = {
+    chars: re.compile(rf"[A-Za-z0-9_{chars}]") for chars in (".:/-", ".:/+-", ".,$€£+-", "-", ".-")
+}
 # every alternative starts with a literal so the whole branch has a first-character set
 MONTH = (
     r"(?:January|February|March|April|May|June|July|August|September|October|November|December"
@@ -158,7 +160,7 @@ CLOCK_TIME = Detector(
         r"(?P<h>\d\d):[0-5]\d(?![\d:])",
     ),
     h.clock_ok,
-    WORD_OR[".:/-"],
+    WORD_OR[".:/+-"],  # `+02:00` is an offset, not a time
     priority=30,
     gate=(":",),
 )
@@ -168,7 +170,7 @@ SHORT_TIME = Detector(
     Kind.TIME,
     _c(r"(?P<h>\d):[0-5]\d(?![\d:])", rf"(?P<h>\d\d?)(?P<ampm>{AMPM})(?:{TZ})?"),
     h.clock_ok,
-    WORD_OR[".:/-"],
+    WORD_OR[".:/+-"],  # `+02:00` is an offset, not a time
     anchor=True,
     priority=40,
     gate=(":", "M", "m"),
