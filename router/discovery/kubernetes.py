@@ -32,6 +32,7 @@ Cost: memory O(endpoints); per event one merge over all slices of the Service.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
 import random
@@ -114,6 +115,9 @@ class KubernetesDiscovery:
                  scheme: str = "http", kubeconfig: str | None = None, client: Any = None, *,
                  watch_timeout: float = 300.0, backoff: Backoff | None = None,
                  rng: Callable[[], float] = random.random) -> None:
+        if client is None and importlib.util.find_spec("lightkube") is None:
+            raise ImportError("discovery.type kubernetes needs lightkube: "
+                              "pip install 'prefix-router[kubernetes]'")
         self.namespace = namespace
         self.service = service
         self.port_name = port_name
