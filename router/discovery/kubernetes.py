@@ -170,6 +170,8 @@ class KubernetesDiscovery:
                     log.info("kubernetes discovery: resourceVersion %s gone (%s); relisting",
                              state.resource_version, exc)
                     state.resource_version = None
+                    if self._watch_was_useful():
+                        self.backoff.reset()
                     if self.backoff.failures:  # repeated 410s: back off; the first relists at once
                         delay = self.backoff.next()
                     else:
