@@ -219,3 +219,22 @@ def test_backoff_grows_while_the_api_server_is_down(api: FakeKubeAPI,
     api.start()
     api.put_slice(fleet_slice("vllm-ghi", {"vllm-3": "10.0.0.13"}))
     runner.wait_for(lambda eps: "vllm-3" in names(eps), DEADLINE)
+
+
+def test_injected_lightkube_client_is_used_and_left_open(api: FakeKubeAPI,
+                                                         tmp_path: Path) -> None:
+    from lightkube import AsyncClient, KubeConfig
+
+    config = KubeConfig.from_file(api.write_kubeconfig(tmp_path / "kc"))
+    closed: list[bool] = []
+
+    class Client(AsyncClient):  # type: ignore[misc]
+        async def close(self) -> None:
+            closed.append(True)
+            await super().close()
+
+    client = Client(config=config, namespace="default", trust_env=False)
+    d = KubernetesDiscovery("default", "vllm", client=client, backoff=Backoff(0.05, 0.5))
+    with DiscoveryRunner(d) as r:
+        r.wait_for(lambda eps: len(eps) == 3, DEADLINE)
+    assert closed == []  # the caller owns an injected client
