@@ -2,7 +2,7 @@
 
 What it writes into ``--out`` (atomically: built in a sibling temp dir, then renamed):
 
-- ``config.json``: a small ``LlamaForCausalLM`` (hidden 512, 4 layers, vocab 2048). There are no
+- ``config.json``: a small ``LlamaForCausalLM`` (hidden 256, 4 layers, vocab 2048, ~3.5M params). There are no
   weights: vLLM serves it with ``--load-format dummy`` (random weights), which is all the router
   tests need — the prefix cache, the scheduler and the metrics are real, the text is noise.
 - ``tokenizer.json``: a real byte-level BPE tokenizer trained with the ``tokenizers`` library on
@@ -44,11 +44,11 @@ CHAT_TEMPLATE = (
 MODEL_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
-    "hidden_size": 512,
-    "intermediate_size": 1024,
+    "hidden_size": 256,
+    "intermediate_size": 768,
     "num_hidden_layers": 4,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
     "head_dim": 64,
     "hidden_act": "silu",
     "max_position_embeddings": 8192,

@@ -1,0 +1,334 @@
+"""Start and stop N real vLLM (CPU) replicas on loopback, by PID, for tests and benchmarks.
+
+Each replica is one ``vllm serve`` process from the virtualenv that ``scripts/vllm_env.sh``
+builds, serving the tiny local model from ``scripts/make_tiny_model.py`` with dummy weights.
+Every replica is started in a new session, so it leads its own process group; ``stop()``
+signals exactly those groups (vLLM's engine core is a child process) — TERM, a grace period,
+then KILL. Replica ``i`` is pinned to core ``i % nproc`` (``VLLM_CPU_OMP_THREADS_BIND``), logs
+to ``<log_dir>/<name>.log`` and listens on a port from the kernel.
+
+Replicas start concurrently; start-up (~25-40 s with ``--enforce-eager`` on 2 cores) ends when
+``GET /v1/models`` answers. A replica that exits or misses the deadline fails ``start()`` with
+the tail of its log in the message.
+
+    with VllmFleet(n=2, model_dir=find_env().model_dir) as fleet:
+        fleet.urls            # ["http://127.0.0.1:41231", ...]
+        fleet.metrics(0)      # {"vllm:prefix_cache_hits_total": 64.0, ...} (labels summed)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["VllmEnv", "VllmEnvMissing", "VllmFleet", "find_env", "parse_metrics"]
+
+CACHE_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "prefix-router"
+ENV_VAR_VENV = "PREFIX_ROUTER_VLLM_ENV"
+ENV_VAR_MODEL = "PREFIX_ROUTER_TINY_MODEL"
+
+
+class VllmEnvMissing(RuntimeError):
+    """The vLLM virtualenv or the tiny model is not there (run ``make vllm-env``)."""
+
+
+@dataclass(frozen=True)
+class VllmEnv:
+    venv: Path
+    model_dir: Path
+
+    @property
+    def vllm_bin(self) -> Path:
+        return self.venv / "bin" / "vllm"
+
+
+def find_env(venv: str | os.PathLike[str] | None = None,
+             model_dir: str | os.PathLike[str] | None = None) -> VllmEnv:
+    """Locate the env built by ``scripts/vllm_env.sh``; raise ``VllmEnvMissing`` saying what lacks."""
+    env = VllmEnv(
+        venv=Path(venv or os.environ.get(ENV_VAR_VENV) or CACHE_ROOT / "vllm-env"),
+        model_dir=Path(model_dir or os.environ.get(ENV_VAR_MODEL) or CACHE_ROOT / "tiny-llama"),
+    )
+    missing = []
+    if not (env.venv / ".prefix-router-vllm-env").is_file() or not env.vllm_bin.is_file():
+        missing.append(f"vLLM virtualenv at {env.venv}")
+    if not (env.model_dir / "config.json").is_file() or not (env.model_dir / "tokenizer.json").is_file():
+        missing.append(f"tiny model at {env.model_dir}")
+    if missing:
+        raise VllmEnvMissing(" and ".join(missing) + " not found; build it with `make vllm-env` "
+                             "(scripts/vllm_env.sh)")
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {sample name: value summed over label sets}; ``_created`` dropped."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_labels, _, rest = line.rpartition("}") if "}" in line else ("", "", line)
+        if name_labels:
+            name = name_labels.split("{", 1)[0]
+            value = rest.split()[0]
+        else:
+            name, value = rest.split()[:2]
+        if name.endswith("_created"):
+            continue
+        with contextlib.suppress(ValueError):
+            out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
+class VllmFleet:
+    """N ``vllm serve`` replicas of one model on 127.0.0.1; see the module docstring."""
+
+    def __init__(
+        self,
+        n: int = 2,
+        model_dir: str | os.PathLike[str] | None = None,
+        block_size: int = 32,
+        *,
+        venv: str | os.PathLike[str] | None = None,
+        served_model_name: str = "tiny-llama",
+        kv_cache_memory: str = "64M",
+        max_model_len: int = 4096,
+        max_num_seqs: int = 16,
+        dtype: str = "float32",
+        log_dir: str | os.PathLike[str] | None = None,
+        startup_timeout: float = 300.0,
+        stop_timeout: float = 20.0,
+        extra_args: Sequence[str] = (),
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        if block_size % 32:
+            raise ValueError(f"block_size: vLLM's CPU backend needs a multiple of 32, got {block_size}")
+        self.env = find_env(venv, model_dir)
+        self.n = n
+        self.block_size = block_size
+        self.served_model_name = served_model_name
+        self.kv_cache_memory = kv_cache_memory
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.dtype = dtype
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="vllm-fleet-"))
+        self.startup_timeout = startup_timeout
+        self.stop_timeout = stop_timeout
+        self.extra_args = list(extra_args)
+        self.extra_env = dict(extra_env or {})
+        self.names = [f"vllm{i}" for i in range(n)]
+        self.ports: list[int] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.startup_seconds: float | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}" for p in self.ports]
+
+    def log_path(self, i: int) -> Path:
+        return self.log_dir / f"{self.names[i]}.log"
+
+    def command(self, port: int) -> list[str]:
+        return [
+            str(self.env.vllm_bin), "serve", str(self.env.model_dir),
+            "--host", "127.0.0.1", "--port", str(port),
+            "--served-model-name", self.served_model_name,
+            "--load-format", "dummy",
+            "--enforce-eager",
+            "--enable-prefix-caching",
+            "--block-size", str(self.block_size),
+            "--kv-cache-memory-bytes", self.kv_cache_memory,
+            "--max-model-len", str(self.max_model_len),
+            "--max-num-seqs", str(self.max_num_seqs),
+            "--enable-prompt-tokens-details",
+            # vLLM downcasts to bf16 on CPU by default; without AVX512-BF16 that falls back to
+            # slow kernels (4x slower prefill measured here), fp32 is the fast path.
+            "--dtype", self.dtype,
+            "--seed", "0",
+            *self.extra_args,
+        ]
+
+    def environ(self, i: int) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+        env.update({
+            "VLLM_HOST_IP": "127.0.0.1",
+            "VLLM_CPU_OMP_THREADS_BIND": str(i % (os.cpu_count() or 1)),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+            # exposes POST /reset_prefix_cache, so a test or benchmark can start from cold
+            "VLLM_SERVER_DEV_MODE": "1",
+        })
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        env.update(self.extra_env)
+        return env
+
+    def start(self) -> VllmFleet:
+        if self.procs:
+            raise RuntimeError("fleet already started")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        try:
+            for i in range(self.n):
+                self.ports.append(_free_port())
+                self.procs.append(self._spawn(i))
+            for i in range(self.n):
+                self._wait_ready(i, t0 + self.startup_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - t0
+        return self
+
+    def _spawn(self, i: int) -> subprocess.Popen[bytes]:
+        with open(self.log_path(i), "ab") as log:
+            return subprocess.Popen(self.command(self.ports[i]), stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=self.environ(i), start_new_session=True)
+
+    def restart(self, i: int) -> float:
+        """Stop replica ``i`` if it runs and start it again on the same port; seconds taken."""
+        self.kill(i, signal.SIGTERM)
+        t0 = time.monotonic()
+        self.procs[i] = self._spawn(i)
+        self._wait_ready(i, t0 + self.startup_timeout)
+        return time.monotonic() - t0
+
+    def _wait_ready(self, i: int, deadline: float) -> None:
+        url = self.urls[i] + "/v1/models"
+        while time.monotonic() < deadline:
+            if self.procs[i].poll() is not None:
+                raise RuntimeError(f"{self.names[i]} exited with {self.procs[i].returncode} "
+                                   f"during start-up:\n{self.log_tail(i)}")
+            with contextlib.suppress(OSError, urllib.error.URLError):
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    if resp.status == 200 and json.load(resp).get("data"):
+                        return
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.names[i]} not ready after {self.startup_timeout:.0f}s:\n"
+                           f"{self.log_tail(i)}")
+
+    def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
+        """Signal replica ``i``'s process group (API server and engine core) and reap it."""
+        proc = self.procs[i]
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=self.stop_timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=self.stop_timeout)
+        # The group may outlive its leader for a moment (engine core still exiting).
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        for i in range(len(self.procs)):
+            self.kill(i, signal.SIGTERM)
+        self.procs = []
+        self.ports = []
+
+    def alive(self, i: int) -> bool:
+        return bool(self.procs) and self.procs[i].poll() is None
+
+    def __enter__(self) -> VllmFleet:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    # -- observation -------------------------------------------------------------------------
+
+    def metrics(self, i: int, timeout: float = 5.0) -> dict[str, float]:
+        with urllib.request.urlopen(self.urls[i] + "/metrics", timeout=timeout) as resp:
+            return parse_metrics(resp.read().decode())
+
+    def prefix_cache(self, i: int) -> tuple[float, float]:
+        """(queries, hits) in tokens, cumulative since start."""
+        m = self.metrics(i)
+        return m.get("vllm:prefix_cache_queries_total", 0.0), m.get("vllm:prefix_cache_hits_total", 0.0)
+
+    def reset_prefix_cache(self, i: int) -> None:
+        """Empty replica ``i``'s prefix cache (vLLM refuses while requests run: RuntimeError)."""
+        req = urllib.request.Request(self.urls[i] + "/reset_prefix_cache", method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                resp.read()
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"{self.names[i]}: reset_prefix_cache answered {exc.code}") from exc
+
+    def rss_bytes(self, i: int) -> int:
+        """Resident memory of replica ``i``'s whole process group (API server + engine core)."""
+        pgid = self.procs[i].pid
+        total = 0
+        page = os.sysconf("SC_PAGE_SIZE")
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = (entry / "stat").read_text()
+                fields = stat.rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid:  # field 5 of stat: process group id
+                    total += int(fields[21]) * page  # field 24: rss in pages
+        return total
+
+    def log_tail(self, i: int, lines: int = 40) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path(i).read_text(errors="replace").splitlines()[-lines:])
+        return "(no log)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m loadtest.vllm_fleet -n 2``: start a fleet, print its URLs, run until Ctrl-C."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("-n", type=int, default=2)
+    ap.add_argument("--model-dir")
+    ap.add_argument("--venv")
+    ap.add_argument("--block-size", type=int, default=32)
+    ap.add_argument("--log-dir")
+    args = ap.parse_args(argv)
+    fleet = VllmFleet(args.n, args.model_dir, args.block_size, venv=args.venv, log_dir=args.log_dir)
+    with fleet:
+        print(json.dumps({"urls": fleet.urls, "names": fleet.names, "logs": str(fleet.log_dir),
+                          "pids": [p.pid for p in fleet.procs],
+                          "startup_seconds": round(fleet.startup_seconds or 0, 1)}), flush=True)
+        stop_on = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_on)
+        signal.sigwait(stop_on)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

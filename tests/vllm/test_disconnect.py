@@ -1,0 +1,58 @@
+"""A client that leaves mid-stream makes the router abort the generation on the real replica.
+
+Evidence comes from vLLM, not from the router: the replica's `vllm:num_requests_running` drops
+back to 0 and `vllm:generation_tokens_total` grew by far less than the `max_tokens` the request
+asked for with `ignore_eos` (which, had it run on, it would have produced exactly).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from loadtest.vllm_fleet import VllmFleet
+
+from ._prompts import chat
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+MAX_TOKENS = 3000
+
+
+def _wait_idle(fleet: VllmFleet, i: int, polls: int = 300) -> dict[str, float]:
+    m = fleet.metrics(i)
+    for _ in range(polls):
+        if m.get("vllm:num_requests_running", 0) == 0 and m.get("vllm:num_requests_waiting", 0) == 0:
+            return m
+        time.sleep(0.1)
+        m = fleet.metrics(i)
+    return m
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_client_disconnect_aborts_generation(fleet: VllmFleet, router: Any, unique: str,
+                                             path: str) -> None:
+    if path == "/v1/chat/completions":
+        body: dict[str, Any] = {"messages": chat(unique, "keep going")}
+    else:
+        body = {"prompt": chat(unique, "")[0]["content"]}
+    body.update(model="tiny-llama", max_tokens=MAX_TOKENS, stream=True, ignore_eos=True)
+    before = {i: _wait_idle(fleet, i) for i in range(fleet.n)}
+    with httpx.Client(base_url=router.url, timeout=120) as http, \
+            http.stream("POST", path, json=body) as resp:
+        assert resp.status_code == 200
+        i = fleet.names.index(resp.headers["x-prefix-router-replica"])
+        lines = resp.iter_lines()
+        data = [line for _, line in zip(range(20), (x for x in lines if x.startswith("data:")),
+                                        strict=False)]
+        assert len(data) == 20  # twenty tokens streamed: the generation is well under way
+        assert fleet.metrics(i)["vllm:num_requests_running"] >= 1
+    # leaving the `with` closed the connection mid-stream
+    after = _wait_idle(fleet, i)
+    assert after["vllm:num_requests_running"] == 0, "vLLM kept generating after the client left"
+    generated = after["vllm:generation_tokens_total"] - before[i]["vllm:generation_tokens_total"]
+    print(f"\n{fleet.names[i]} generated {generated:.0f} of {MAX_TOKENS} tokens before the abort")
+    assert 20 <= generated < MAX_TOKENS

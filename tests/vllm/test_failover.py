@@ -1,0 +1,62 @@
+"""SIGKILL one real replica under load: no non-streamed request is lost.
+
+Non-streamed responses reach the client only once complete, so every request the dead replica
+held (connection reset) or would have received (connection refused) is still before its first
+byte and the router retries it on the survivor. Runs last in the stage (`RUN_LAST`): the fleet
+fixture restarts the killed replica only if another test needs it afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from loadtest.vllm_fleet import VllmFleet, parse_metrics
+
+from ._prompts import chat
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+RUN_LAST = True
+
+REQUESTS = 12
+MAX_TOKENS = 48
+
+
+def test_killing_a_replica_loses_no_unstreamed_request(fleet: VllmFleet, router: Any,
+                                                       unique: str) -> None:
+    def send(k: int) -> tuple[int, str, int]:
+        body = {"model": "tiny-llama", "messages": chat(f"{unique}-{k}", "answer briefly"),
+                "max_tokens": MAX_TOKENS, "ignore_eos": True}
+        with httpx.Client(base_url=router.url, timeout=180) as http:
+            resp = http.post("/v1/chat/completions", json=body)
+        tokens = resp.json()["usage"]["completion_tokens"] if resp.status_code == 200 else -1
+        return resp.status_code, resp.headers.get("x-prefix-router-replica", ""), tokens
+
+    with ThreadPoolExecutor(REQUESTS) as pool:
+        futures = [pool.submit(send, k) for k in range(REQUESTS)]
+        victim = None
+        for _ in range(600):  # bounded wait until a replica is busy with some of them
+            busy = [i for i in range(fleet.n)
+                    if fleet.metrics(i).get("vllm:num_requests_running", 0) >= 1]
+            if busy:
+                victim = busy[-1]
+                break
+            time.sleep(0.05)
+        assert victim is not None, "no replica ever ran a request"
+        fleet.kill(victim)
+        results = [f.result() for f in futures]
+
+    statuses = [r[0] for r in results]
+    assert statuses == [200] * REQUESTS, results
+    assert all(r[2] == MAX_TOKENS for r in results), results
+    served_by = {r[1] for r in results}
+    survivor = fleet.names[1 - victim]
+    retries = parse_metrics(router.app.metrics.render()[0].decode())
+    retried = retries.get("prefix_router_retries_total", 0)
+    print(f"\nkilled {fleet.names[victim]}; answers from {sorted(served_by)}; retries {retried:.0f}")
+    assert survivor in served_by
+    assert retried >= 1, "the kill hit no request: nothing exercised the retry path"

@@ -1,0 +1,117 @@
+"""The router in front of two real vLLM replicas, driven by the official `openai` client.
+
+Covers the four OpenAI shapes the router relays (chat/completions x streamed/not), prefix
+affinity measured by vLLM itself (the chosen replica's `vllm:prefix_cache_hits_total` rises and
+the other replica sees no query at all), and the load scrape reading vLLM's real metric names.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from loadtest.vllm_fleet import VllmFleet
+
+from ._prompts import chat, prose
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+REPLICA_HEADER = "x-prefix-router-replica"
+
+
+def test_chat_not_streamed(fleet: VllmFleet, router: Any, openai_client, unique) -> None:
+    client = openai_client(router.url)
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny-llama", messages=chat(unique, "hello"), max_tokens=5,
+        extra_body={"ignore_eos": True})
+    resp = raw.parse()
+    assert raw.headers[REPLICA_HEADER] in fleet.names
+    assert resp.object == "chat.completion"
+    assert resp.usage.completion_tokens == 5
+    assert isinstance(resp.choices[0].message.content, str)
+
+
+def test_chat_streamed(fleet: VllmFleet, router: Any, openai_client, unique) -> None:
+    client = openai_client(router.url)
+    stream = client.chat.completions.create(
+        model="tiny-llama", messages=chat(unique, "hello"), max_tokens=6, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish == ["length"]
+
+
+def test_completions_not_streamed(fleet: VllmFleet, router: Any, openai_client, unique) -> None:
+    client = openai_client(router.url)
+    resp = client.completions.create(model="tiny-llama", prompt=prose(unique, 80), max_tokens=4,
+                                     extra_body={"ignore_eos": True})
+    assert resp.object == "text_completion"
+    assert resp.usage.completion_tokens == 4 and isinstance(resp.choices[0].text, str)
+
+
+def test_completions_streamed(fleet: VllmFleet, router: Any, openai_client, unique) -> None:
+    client = openai_client(router.url)
+    stream = client.completions.create(model="tiny-llama", prompt=prose(unique, 80), max_tokens=7,
+                                       stream=True, stream_options={"include_usage": True},
+                                       extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 7
+    assert "".join(c.choices[0].text for c in chunks if c.choices)
+
+
+def test_models_listed_through_router(router: Any, openai_client) -> None:
+    models = openai_client(router.url).models.list()
+    assert [m.id for m in models.data] == ["tiny-llama"]
+
+
+def test_same_prefix_hits_only_the_chosen_replica(fleet: VllmFleet, router: Any, openai_client,
+                                                  unique) -> None:
+    client = openai_client(router.url)
+    before = [fleet.prefix_cache(i) for i in range(fleet.n)]
+    chosen: list[str] = []
+    prompt_tokens: list[int] = []
+    cached: list[int] = []
+    for question in ("first question", "second question", "third question"):
+        raw = client.chat.completions.with_raw_response.create(
+            model="tiny-llama", messages=chat(unique, question), max_tokens=1)
+        usage = raw.parse().usage
+        chosen.append(raw.headers[REPLICA_HEADER])
+        prompt_tokens.append(usage.prompt_tokens)
+        cached.append(usage.prompt_tokens_details.cached_tokens)
+    after = [fleet.prefix_cache(i) for i in range(fleet.n)]
+    assert len(set(chosen)) == 1, chosen
+    home = fleet.names.index(chosen[0])
+    other = 1 - home
+    hits = after[home][1] - before[home][1]
+    print(f"\nhome {chosen[0]}: prompt tokens {prompt_tokens}, cached {cached}, hits +{hits:.0f}")
+    # the shared system prompt is hundreds of tokens: all its full blocks hit on requests 2 and 3
+    assert cached[0] == 0 and cached[1] >= 10 * 32 and cached[2] == cached[1]
+    assert hits == sum(cached)
+    assert after[home][0] - before[home][0] == sum(prompt_tokens)
+    assert after[other] == before[other], "the other replica saw none of these prompts"
+
+
+def test_router_scrapes_real_vllm_load(fleet: VllmFleet, router: Any, unique) -> None:
+    body = {"model": "tiny-llama", "messages": chat(unique, "go on"), "max_tokens": 1500,
+            "stream": True, "ignore_eos": True}
+    with httpx.Client(base_url=router.url, timeout=120) as http, \
+            http.stream("POST", "/v1/chat/completions", json=body) as resp:
+        assert resp.status_code == 200
+        name = resp.headers[REPLICA_HEADER]
+        lines = resp.iter_lines()
+        next(line for line in lines if line.startswith("data:"))  # generation has started
+        state = router.app.replicas.get(name)
+        seen = (0.0, 0.0)
+        for _ in range(200):  # bounded: the scrape runs every 0.2 s
+            seen = (state.running, state.kv_usage)
+            if state.running >= 1 and state.kv_usage > 0:
+                break
+            next(lines)  # keep reading so the stream stays live
+            time.sleep(0.05)
+        assert seen[0] >= 1 and seen[1] > 0, f"router never saw {name} busy: {seen}"
+        assert state.load() >= 1
