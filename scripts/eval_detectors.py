@@ -163,6 +163,14 @@ def report(data: Path, show_misses: bool, show_unlabelled: bool = False) -> str:
         per_kind["/".join(sorted(k.value for k in o.expected or ()))].append(o)
     for kind, group in sorted(per_kind.items()):
         lines.append(f"| {kind} | {_pct(sum(o.hit for o in group), len(group))} |")
+    slots = [o for o in outcomes if o.churn == "template-slot"]
+    flagged = [o for o in slots if o.router_overlap]
+    lines += [
+        "",
+        f"Template slots (`{{{{currentDateTime}}}}`, `{{CURRENT_DATE}}`, `{{}}`, `${{var}}`, ...): "
+        f"{len(flagged)}/{len(slots)} overlap a router-kind match (should be 0: a slot is "
+        "constant text in a trace; the filled value is what varies).",
+    ]
     context_only = [o for o in outcomes if o.expected is None]
     lines += ["", f"### Context-only labels ({len(context_only)}): what classify() says", ""]
     lines += ["| churn | label | classify | scan found |", "|---|---|---|---|"]

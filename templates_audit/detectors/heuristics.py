@@ -204,14 +204,29 @@ _EVENT_CUE = re.compile(
 )
 
 
+# Substrings one of which every cue contains: a plain `in` test skips the regex (which has no
+# literal prefix and would be tried at every position of the context) in the common case.
+_RELEASE_WORDS = ("know", "cut", "updated", "train", "up to")
+_EVENT_WORDS = ("born", "found", "establish", "launch", "release", "incorporat", "inaugurat",
+                "elect", "died", "signed", "于")  # fmt: skip
+
+
 def in_release_context(text: str, start: int) -> bool:
     """True if the left context (same sentence) says this date is a knowledge cutoff/update."""
-    return _RELEASE_CUE.search(text, max(0, start - _CONTEXT), start) is not None
+    lo = max(0, start - _CONTEXT)
+    context = text[lo:start].lower()
+    if not any(word in context for word in _RELEASE_WORDS):
+        return False
+    return _RELEASE_CUE.search(text, lo, start) is not None
 
 
 def in_event_context(text: str, start: int) -> bool:
     """True if the date is introduced as the date of a fixed event (founded, born, released)."""
-    return _EVENT_CUE.search(text, max(0, start - 32), start) is not None
+    lo = max(0, start - 32)
+    context = text[lo:start].lower()
+    if not any(word in context for word in _EVENT_WORDS):
+        return False
+    return _EVENT_CUE.search(text, lo, start) is not None
 
 
 def cutoff_cue_ok(m: re.Match[str], text: str) -> bool:
