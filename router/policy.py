@@ -129,10 +129,10 @@ class BoundedLoadPrefixPolicy:
         home = order[0]
         loads = {name: r.load() for name, r in available.items()}
         total_load = sum(loads.values())
-        total_weight = sum(max(r.weight, 1) for r in available.values())
+        total_weight = sum(r.weight for r in available.values())
 
         def under_cap(name: str) -> bool:
-            weight = max(available[name].weight, 1)
+            weight = available[name].weight
             return loads[name] < load_cap(total_load, weight, total_weight, self.load_factor)
 
         if under_cap(home):
@@ -218,7 +218,7 @@ def _decision(chosen: str, branch: Branch, order: list[str], home: str | None) -
 
 
 def _relative_load(r: ReplicaState) -> float:
-    return r.load() / max(r.weight, 1)
+    return r.load() / r.weight
 
 
 def _least_loaded(available: dict[str, ReplicaState], order: Sequence[str]) -> str:

@@ -40,6 +40,10 @@ class ReplicaState:
     waiting: float = 0.0  # vllm:num_requests_waiting (scraped)
     kv_usage: float = 0.0  # vllm:kv_cache_usage_perc (scraped), 0..1
 
+    def __post_init__(self) -> None:
+        if self.weight < 1:
+            raise ValueError(f"replica {self.name!r}: weight must be >= 1, got {self.weight}")
+
     @property
     def available(self) -> bool:
         return self.healthy and not self.draining

@@ -42,6 +42,11 @@ def test_available_means_healthy_and_not_draining(
     assert ReplicaState("r", "u", healthy=healthy, draining=draining).available is available
 
 
+def test_replica_weight_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="weight"):
+        ReplicaState("r", "http://x:1", weight=0)
+
+
 def test_states_sorted_by_name_and_lookup() -> None:
     rs = ReplicaSet(eps("b", "c", "a"))
     assert [s.name for s in rs.states()] == ["a", "b", "c"]
