@@ -46,7 +46,8 @@ from .engine import Engine, EngineLimits, EngineRequest, RequestHandle, Usage
 from .faults import Action, Faults, FaultSpec
 from .metrics import CONTENT_TYPE, CacheConfig, ReplicaMetrics, Snapshot
 from .openai_api import ApiError, Envelope, Job, Kind
-from .text import completion_pieces, prompt_seed
+from .prompts import Prompter
+from .text import completion_pieces
 from .timing import TimingModel
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -93,6 +94,7 @@ class Replica:
         self.exit_process = exit_process
         self.tokenizer = load_tokenizer(config.tokenizer)
         self.renderer = _renderer(config, self.tokenizer)
+        self.prompter = Prompter(self.renderer, self.tokenizer, config.block_size)
         self.metrics = ReplicaMetrics(
             config.model, self.snapshot,
             CacheConfig(block_size=config.block_size, num_gpu_blocks=config.kv_blocks))
@@ -215,15 +217,6 @@ class Replica:
     async def _completion(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._infer(Kind.COMPLETION, scope, receive, send)
 
-    def _prompt_ids(self, job: Job) -> list[int]:
-        if job.kind is Kind.CHAT:
-            text = self.renderer.render(list(job.messages), list(job.tools) if job.tools else None,
-                                        True, **(job.template_kwargs or {}))
-            return self.tokenizer.encode(text)
-        if job.prompt_ids is not None:
-            return list(job.prompt_ids)
-        return self.tokenizer.encode(job.prompt_text or "")
-
     async def _infer(self, kind: Kind, scope: Scope, receive: Receive, send: Send) -> None:
         self.requests += 1
         n = next(self._seq)
@@ -253,11 +246,11 @@ class Replica:
             data = parse_json(body)
             job = (openai_api.parse_chat if kind is Kind.CHAT else openai_api.parse_completion)(
                 data, self.config.default_max_tokens)
-            prompt_ids = self._prompt_ids(job)
-            pieces = completion_pieces(prompt_seed(prompt_ids), job.max_tokens)
-            text = "".join(pieces)
-            req = EngineRequest(rid, prompt_ids, job.max_tokens,
-                                output_ids=self.tokenizer.encode(text))
+            prompt = self.prompter.prompt(job, body)
+            pieces = completion_pieces(prompt.seed, job.max_tokens)
+            req = EngineRequest(rid, prompt.ids, job.max_tokens,
+                                output_ids=self.prompter.reply_ids(pieces),
+                                prompt_hashes=prompt.hashes)
             env = Envelope(rid, int(time.time()), self.config.model, self.config.name)
             if self.config.instant:
                 usage = self.engine.serve_instant(req)
@@ -356,7 +349,7 @@ class Replica:
                 job = openai_api.parse_chat(data, 1)
             else:
                 job = openai_api.parse_completion(data, 1)
-            ids = self._prompt_ids(job)
+            ids = self.prompter.ids(job)
         except ApiError as exc:
             await self.send_error(send, exc)
             return

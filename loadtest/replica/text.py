@@ -7,6 +7,7 @@ no randomness state is shared between requests. O(1) per token.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 import xxhash
@@ -18,11 +19,9 @@ _WORDS = (  # at most five letters: " word" is one token for the default tokeniz
 )
 
 
-def prompt_seed(token_ids: Sequence[int]) -> int:
-    h = xxhash.xxh64()
-    for start in range(0, len(token_ids), 4096):
-        h.update(",".join(map(str, token_ids[start:start + 4096])).encode())
-    return h.intdigest()
+def prompt_seed(token_ids: Sequence[int], parent: int = 0) -> int:
+    """A hash of the prompt; `parent` lets a caller pass the chained hash of its leading blocks."""
+    return xxhash.xxh3_64_intdigest(array("q", token_ids).tobytes(), seed=parent)
 
 
 def token_text(seed: int, index: int) -> str:
