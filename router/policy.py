@@ -100,7 +100,7 @@ class Policy(Protocol):
 def load_cap(total_load: float, weight: int, total_weight: int, load_factor: float) -> int:
     """Bounded-load cap of one replica: ``ceil(c * (L + 1) * w / W)``."""
     share = load_factor * (total_load + 1.0) * weight / total_weight
-    # A hair below the exact product keeps float noise (1.1 * 3 == 3.3000000000000003)
+    # A hair below the exact product keeps float noise (1.1 * 50 / 5 == 11.000000000000002)
     # from granting one extra slot.
     return math.ceil(share - 1e-9)
 
