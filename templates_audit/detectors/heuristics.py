@@ -48,9 +48,9 @@ def compact_date_ok(m: re.Match[str], text: str) -> bool:
     return valid_ymd(int(digits[:4]), int(digits[4:6]), int(digits[6:8]))
 
 
-# Epoch values from 2001-09-09 (1e9 s) to 2036-07-18 (2.1e9 s): the window where a 10-digit
-# number starting with 1 or 20 is far more likely a timestamp than anything else.
-_EPOCH_MIN, _EPOCH_MAX = 1_000_000_000, 2_100_000_000
+# Epoch values from 2001-09-09 (1e9 s) to 2033-05-18 (2e9 s): the pattern's 10 (or 13) digits
+# starting with 1; in that window such a number is far more likely a timestamp than an id.
+_EPOCH_MIN, _EPOCH_MAX = 1_000_000_000, 1_999_999_999
 
 
 def epoch_ok(m: re.Match[str], text: str) -> bool:

@@ -31,6 +31,9 @@ Validator = Callable[[re.Match[str], str], bool]
 
 @dataclass(frozen=True)
 class Detector:
+    """One named family of patterns for one kind (see the module docstring for the fields'
+    roles: `validate`, `reject_after`, `anchor`, `priority`, `gate`, `min_run`)."""
+
     name: str
     kind: Kind
     patterns: tuple[re.Pattern[str], ...]
