@@ -18,6 +18,7 @@ from router.policy import (
     Decision,
     LeastLoadedPolicy,
     RoundRobinPolicy,
+    load_cap,
     make_policy,
 )
 from router.replicas import ReplicaSet, ReplicaState
@@ -329,3 +330,18 @@ def test_public_names_and_labels_are_pinned() -> None:
     assert sorted(client.__all__) == ["hash_key", "prefix_headers"]
     for module in (client, keys, policy, replicas, ring):
         assert all(hasattr(module, name) for name in module.__all__)
+
+
+# fmt: off
+CAPS = [
+    pytest.param(0, 1, 4, 1.25, 1, id="idle-fleet-allows-one"),
+    pytest.param(199, 1, 4, 1.25, 63, id="hot-200-over-4"),
+    pytest.param(49, 1, 5, 1.1, 11, id="float-noise-does-not-add-a-slot"),
+    pytest.param(10, 2, 3, 1.0, 8, id="weight-two-of-three-gets-two-thirds"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(("total", "weight", "total_weight", "c", "expected"), CAPS)
+def test_load_cap(total: float, weight: int, total_weight: int, c: float, expected: int) -> None:
+    assert load_cap(total, weight, total_weight, c) == expected
