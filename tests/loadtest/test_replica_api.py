@@ -148,3 +148,41 @@ def test_instant_replica_answers_and_still_counts_hits(replica: Callable[..., st
     m = parse(HTTP.get(url + "/metrics").text)
     assert m["vllm:prefix_cache_hits_total"] > 0
     assert m["sim:requests_total"] == 3
+
+
+def test_chat_template_file_is_used(replica: Callable[..., str], tmp_path: Any) -> None:
+    from templates_audit.tokenize import default_tokenizer
+
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}")
+    url = replica(chat_template=str(template))
+    tok = HTTP.post(url + "/tokenize", json={"messages": [{"role": "user", "content": "hi there"}]})
+    assert tok.json()["tokens"] == default_tokenizer().encode("[user] hi there\n")
+
+
+def test_hf_tokenizer_file_sets_tokens_and_model_path(replica: Callable[..., str],
+                                                      tmp_path: Any) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    hf = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.Whitespace()
+    hf.train_from_iterator(["alpha beta gamma delta"],
+                           trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
+    path = tmp_path / "tok" / "tokenizer.json"
+    path.parent.mkdir()
+    hf.save(str(path))
+    url = replica(tokenizer=str(path))
+    tok = HTTP.post(url + "/tokenize", json={"prompt": "alpha beta gamma"}).json()
+    assert tok["tokens"] == hf.encode("alpha beta gamma").ids and tok["count"] == 3
+    assert HTTP.get(url + "/server_info").json()["model_path"] == str(path.parent)
+
+
+def test_repeated_body_gives_the_same_answer_and_counts_again(replica: Callable[..., str]) -> None:
+    url = replica()
+    body = {"messages": MESSAGES, "max_tokens": 4}
+    a, b = (HTTP.post(url + "/v1/chat/completions", json=body).json() for _ in range(2))
+    assert a["choices"][0]["message"] == b["choices"][0]["message"]
+    assert a["usage"]["prompt_tokens"] == b["usage"]["prompt_tokens"]
+    m = parse(HTTP.get(url + "/metrics").text)
+    assert m["vllm:prefix_cache_queries_total"] == 2 * a["usage"]["prompt_tokens"]
+    assert m["vllm:prefix_cache_hits_total"] == b["usage"]["prompt_tokens_details"]["cached_tokens"]
