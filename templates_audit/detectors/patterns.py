@@ -264,17 +264,33 @@ EMAIL = Detector(
     gate=("@",),
 )
 _NAME = r"[A-Z][a-z]+(?:[-'][A-Z]?[a-z]+)?"
+_NAMES = rf"(?P<v>{_NAME}(?:[ \t]{_NAME}){{0,2}})"
+
+
+def _both_cases(*cues: str) -> tuple[str, ...]:
+    # one pattern per capitalisation: a literal first character lets `re` skip ahead, where a
+    # case-insensitive group would be tried at every position
+    return tuple(f"{c}{cue[1:]}" for cue in cues for c in (cue[0].lower(), cue[0].upper()))
+
+
 NAME = Detector(
     "name_cue",
     Kind.NAME,
     _c(
-        rf"(?i:name\s+is|you\s+are\s+(?:talking|speaking|chatting)\s+(?:to|with)"
-        rf"|you're\s+(?:talking|speaking|chatting)\s+(?:to|with)|the\s+user\s+is\s+called"
-        rf"|user\s+is\s+named)[ \t:]*(?P<v>{_NAME}(?:[ \t]{_NAME}){{0,2}})(?![\w])",
+        *(
+            rf"{cue}[ \t:]*{_NAMES}(?![\w])"
+            for cue in _both_cases(
+                r"name\s+is",
+                r"you\s+are\s+(?:talking|speaking|chatting)\s+(?:to|with)",
+                r"you're\s+(?:talking|speaking|chatting)\s+(?:to|with)",
+                r"user\s+is\s+(?:called|named)",
+            )
+        ),
         # a `Name:` field at the start of a line (indented `name:` keys are YAML/JSON schemas)
-        rf"(?:^|\n)(?:User|Customer|Name|User name|Username):[ \t]*"
-        rf"(?P<v>{_NAME}(?:[ \t]{_NAME}){{0,2}})[ \t]*(?=\n|$)",
-        rf"(?:Hello|Hi|Hey|Dear)[ \t]+(?P<v>{_NAME}(?:[ \t]{_NAME}){{0,2}})(?=[,!])",
+        rf"\n(?:User|Customer|Name|User name|Username):[ \t]*{_NAMES}[ \t]*(?=\n|$)",
+        rf"\A(?:User|Customer|Name|User name|Username):[ \t]*{_NAMES}[ \t]*(?=\n|$)",
+        rf"H(?:ello|i|ey)[ \t]+{_NAMES}(?=[,!])",
+        rf"Dear[ \t]+{_NAMES}(?=[,!])",
     ),
     h.name_ok,
     priority=60,
