@@ -234,6 +234,18 @@ def cutoff_cue_ok(m: re.Match[str], text: str) -> bool:
     return in_release_context(text, m.start())
 
 
+_NOW_CUE = re.compile(
+    r"(?i)(?:currently|current\s+month|current\s+date|it\s+is|it's|today\s+is|now)"
+    r"(?:\s+is)?[\s:]*(?:in\s+)?$"
+)
+
+
+def now_cue_ok(m: re.Match[str], text: str) -> bool:
+    """`It is currently June 2026`, `Current month: May 2025` (not a knowledge cutoff)."""
+    start = m.start()
+    return _NOW_CUE.search(text, max(0, start - 32), start) is not None
+
+
 _YEAR_BEFORE = re.compile(
     r"(?i)(?:current\s+year|this\s+year|the\s+year|it\s+is(?:\s+now)?|it's(?:\s+now)?)"
     r"(?:\s+is)?[\s:(]*$"

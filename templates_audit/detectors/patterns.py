@@ -198,6 +198,16 @@ KNOWLEDGE_CUTOFF_D = Detector(
     priority=25,
     min_run=4,
 )
+# "It is currently June 2026": a month and year after a "now" cue change every month
+MONTH_YEAR = Detector(
+    "month_year",
+    Kind.DATE,
+    _c(rf"{MONTH}\s+{YEAR}"),
+    h.now_cue_ok,
+    WORD,
+    priority=26,
+    min_run=4,
+)
 CURRENT_YEAR_D = Detector(
     CURRENT_YEAR,
     Kind.DATE,
@@ -372,6 +382,7 @@ DETECTORS: tuple[Detector, ...] = (
     MONTH_NAME_DATE,
     CJK_DATE,
     KNOWLEDGE_CUTOFF_D,
+    MONTH_YEAR,
     CURRENT_YEAR_D,
     CLOCK_TIME,
     PREFIXED_ID,

@@ -64,6 +64,7 @@ DETECTED = [
     ("当前日期: 2024-08-21 星期三", D, "2024-08-21 星期三"),  # ISO + Chinese weekday
     ("今天是2024年8月21日，", D, "2024年8月21日"),  # CJK date
     ("(Jul 14, 2025)", D, "Jul 14, 2025"),  # in brackets
+    ("It is currently June 2026. The", D, "June 2026"),  # month-year after a "now" cue
     # --- times
     ("clock 22:50:56 now", TM, "22:50:56"),  # seconds
     ("at 8:32 PM sharp", TM, "8:32 PM"),  # AM/PM
@@ -129,6 +130,7 @@ NOT_VOLATILE = [
     "Listen on localhost:8080 and 127.0.0.1:11434.",  # ports and an IP
     "Decade after decade; December is cold.",  # month name alone
     "Meet on Monday.",  # weekday alone
+    "The March 2020 lockdown.",  # month-year without a "now" cue
     "Read John 3:16 aloud.",  # verse reference, 1-digit hour, no AM/PM
     "Use a 16:9 aspect ratio.",  # 1-digit minutes
     "Test with 1234567890 as a sample.",  # counting sequence, not an epoch
