@@ -55,7 +55,8 @@ def build_parser(chosen: str | None) -> argparse.ArgumentParser:
         description="Load-test kit: simulated vLLM replicas and fleets, workloads, comparisons.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, spec in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=spec.help, description=spec.help)
+        p = sub.add_parser(name, help=spec.help, description=spec.help,
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         if name == chosen:
             module = load(name)
             module.add_arguments(p)

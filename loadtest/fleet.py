@@ -18,6 +18,7 @@ SIGINT/SIGTERM.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import signal
@@ -155,6 +156,7 @@ class Fleet:
             return "(no log)"
 
     def start(self) -> Fleet:
+        atexit.register(self.stop)  # no orphaned replicas if the owner forgets to stop us
         with self._lock:
             for m in self._members:
                 self._spawn(m)
@@ -166,6 +168,7 @@ class Fleet:
         return self
 
     def stop(self) -> None:
+        atexit.unregister(self.stop)
         with self._lock:
             live = [m for m in self._members if m.proc is not None and m.proc.poll() is None]
             for m in live:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -122,7 +122,10 @@ class EngineStats:
 
 
 @dataclass(frozen=True)
-class _Plan:
+class Plan:
+    """What one engine step computes; its duration is `TimingModel.step_seconds(prefill_tokens,
+    decoding)`."""
+
     chunks: list[tuple[_Seq, int]]   # (request, tokens computed this step)
     prefill_tokens: int
     decoding: int
@@ -170,9 +173,15 @@ class RequestHandle:
 
 
 class Engine:
+    """One replica's scheduler. `start()` runs the real-time loop; a discrete-event driver can
+    instead call `schedule()`, advance its own clock by `timing.step_seconds(...)` and `apply()`
+    the plan, passing `clock` so arrival times come from its virtual time."""
+
     def __init__(self, limits: EngineLimits, timing: TimingModel,
-                 observer: Observer | None = None) -> None:
+                 observer: Observer | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
         self.limits = limits
+        self._clock = clock
         self.timing = timing
         self.cache = PrefixCache(limits.kv_blocks, limits.block_size)
         self.observer: Observer = observer or _NullObserver()
@@ -217,9 +226,11 @@ class Engine:
         self._check(req)
         hashes = (list(req.prompt_hashes) if req.prompt_hashes is not None
                   else block_hashes(req.prompt_ids, self.limits.block_size))
-        loop = asyncio.get_running_loop()
-        return _Seq(req=req, arrival=loop.time(), ids=list(req.prompt_ids), hashes=hashes,
+        return _Seq(req=req, arrival=self._now(), ids=list(req.prompt_ids), hashes=hashes,
                     prompt_len=len(req.prompt_ids))
+
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
 
     def submit(self, req: EngineRequest) -> RequestHandle:
         seq = self._new_seq(req)
@@ -309,7 +320,7 @@ class Engine:
         self.stats.preemptions += 1
 
     # -- scheduling ------------------------------------------------------------------------------
-    def _schedule(self) -> _Plan:
+    def schedule(self) -> Plan:
         lim = self.limits
         budget = lim.max_num_batched_tokens
         chunks: list[tuple[_Seq, int]] = []
@@ -361,9 +372,9 @@ class Engine:
             chunks.append((seq, n))
             budget -= n
             prefill += n
-        return _Plan(chunks, prefill, decoding)
+        return Plan(chunks, prefill, decoding)
 
-    def _apply(self, plan: _Plan, now: float) -> None:
+    def apply(self, plan: Plan, now: float) -> None:
         for seq, n in plan.chunks:
             if seq.done or seq.alloc is None:
                 continue  # aborted or preempted while the step ran
@@ -388,14 +399,16 @@ class Engine:
                 self.observer.finished(now - seq.arrival, "length")
             seq.changed.set()
 
+    _schedule = schedule   # names used by loadtest.simulate before these became public
+    _apply = apply
+
     async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             if not self.running and not self.waiting:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            plan = self._schedule()
+            plan = self.schedule()
             if not plan.chunks:
                 # Nothing fits (cannot happen for requests that passed _check); wait for change.
                 self._wake.clear()
@@ -404,4 +417,4 @@ class Engine:
             self.stats.steps += 1
             await asyncio.sleep(self.timing.step_seconds(plan.prefill_tokens, plan.decoding,
                                                          self.slow))
-            self._apply(plan, loop.time())
+            self.apply(plan, self._now())

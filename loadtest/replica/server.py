@@ -187,8 +187,8 @@ class Replica:
             self.engine.start()  # idempotent; covers servers run without lifespan
         try:
             await route(scope, receive, send)
-        except ClientGone:
-            pass
+        except (ClientGone, ConnectionError):
+            pass  # the client left; its request was aborted on the way out
         except BodyTooLarge:
             await self.send_error(send, ApiError(413, "request body too large"))
 
