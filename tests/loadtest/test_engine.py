@@ -207,3 +207,17 @@ def test_instant_mode_counts_hits_without_a_loop() -> None:
 
     assert asyncio.run(serve()) == [0, 32]
     assert (e.stats.queries, e.stats.hits, e.kv_usage) == (80, 32, 0.0)
+
+
+def test_engine_can_be_stepped_on_a_virtual_clock() -> None:
+    now = [0.0]
+    e = Engine(EngineLimits(), TimingModel(), clock=lambda: now[0])
+    h = e.submit(req("a", list(range(2048)), 2))
+    plans = []
+    while not h.done:
+        plan = e.schedule()
+        plans.append((plan.prefill_tokens, plan.decoding))
+        now[0] += e.timing.step_seconds(plan.prefill_tokens, plan.decoding)
+        e.apply(plan, now[0])
+    assert plans == [(2048, 0), (0, 1)]    # one prefill step (first token), one decode step
+    assert now[0] == pytest.approx((10 + 204.8) / 1000 + (10 + 0.25) / 1000)
