@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from templates_audit.detectors import Kind, classify, scan
+from templates_audit.detectors import Kind, classify, first_volatile, scan
 
 CASES = [
     ("a", "  \n", "b", Kind.WHITESPACE),  # only whitespace differs
@@ -50,6 +50,8 @@ def test_classify_never_raises(before: str, value: str, after: str) -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=300))
-def test_scan_accepts_any_text(text: str) -> None:
+def test_scan_and_first_volatile_accept_any_text(text: str) -> None:
     for m in scan(text):
         assert text[m.start : m.end] == m.value
+    fv = first_volatile(text)
+    assert fv is None or text[fv.start : fv.end] == fv.value
