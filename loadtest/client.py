@@ -27,7 +27,7 @@ import asyncio
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -155,7 +155,8 @@ async def _read_sse(resp: aiohttp.ClientResponse, acc: _Acc) -> None:
 
 async def send(session: aiohttp.ClientSession, url: str, body: bytes, *, idx: int = 0,
                t_origin: float = 0.0, headers: Mapping[str, str] | None = None,
-               stream: bool = True, group: str = "", timeout: float = 300.0) -> Outcome:
+               stream: bool = True, group: str = "",
+               request_timeout: float = 300.0) -> Outcome:
     """POST ``body`` to ``url``; never raises except `asyncio.CancelledError`."""
     hdrs = {"content-type": "application/json", **(headers or {})}
     t0 = time.perf_counter()
@@ -165,7 +166,7 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, *, idx: in
     replica: str | None = None
     try:
         async with session.post(url, data=body, headers=hdrs,
-                                timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                                timeout=aiohttp.ClientTimeout(total=request_timeout)) as resp:
             status = resp.status
             replica = _replica(resp.headers)
             if status >= 400:
@@ -189,16 +190,15 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, *, idx: in
     end = time.perf_counter()
     usage = acc.usage or {}
     details = usage.get("prompt_tokens_details") or {}
-    out_tokens = int(usage.get("completion_tokens") or acc.chunks)
-    common = {"status": status, "itl": tuple(acc.itl), "output_tokens": out_tokens,
-              "prompt_tokens": int(usage.get("prompt_tokens") or 0),
-              "cached_tokens": int(details.get("cached_tokens") or 0),
-              "replica": replica, "group": group}
+    out = Outcome(idx, start, status, itl=tuple(acc.itl),
+                  output_tokens=int(usage.get("completion_tokens") or acc.chunks),
+                  prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                  cached_tokens=int(details.get("cached_tokens") or 0),
+                  replica=replica, group=group)
     if acc.stream_error is not None:
-        return Outcome(idx, start, error=ErrorKind.STREAM_ERROR, detail=acc.stream_error[:200],
-                       **common)
+        return replace(out, error=ErrorKind.STREAM_ERROR, detail=acc.stream_error[:200])
     ttft = (acc.first if acc.first is not None else end) - t0
-    return Outcome(idx, start, ttft=ttft, e2e=end - t0, **common)
+    return replace(out, ttft=ttft, e2e=end - t0)
 
 
 def _failed(idx: int, start: float, status: int | None, kind: ErrorKind, exc: BaseException,

@@ -44,7 +44,14 @@ import aiohttp
 
 from loadtest.client import ErrorKind, Outcome, new_session, send
 from loadtest.progress import Progress
-from loadtest.stats import QUERIES, counter_delta, fleet_hit_rate, max_over_mean, parse_prometheus, summarize
+from loadtest.stats import (
+    QUERIES,
+    counter_delta,
+    fleet_hit_rate,
+    max_over_mean,
+    parse_prometheus,
+    summarize,
+)
 from loadtest.workloads import Request, WorkloadSpec, generate
 
 __all__ = [
@@ -235,12 +242,12 @@ def prefix_hash_headers(requests: Sequence[Request], header: str) -> list[dict[s
 
 # -- scraping -------------------------------------------------------------------------------------
 async def scrape(session: aiohttp.ClientSession, urls: Sequence[str],
-                 timeout: float = 5.0) -> dict[str, dict[str, float]]:
+                 scrape_timeout: float = 5.0) -> dict[str, dict[str, float]]:
     """``{replica name: {metric: value}}``; the name is the replica's ``x-replica-name``."""
 
     async def one(url: str) -> tuple[str, dict[str, float]]:
         async with session.get(url.rstrip("/") + "/metrics",
-                               timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                               timeout=aiohttp.ClientTimeout(total=scrape_timeout)) as resp:
             text = await resp.text()
             return resp.headers.get("x-replica-name") or url, parse_prometheus(text)
 
@@ -271,7 +278,7 @@ class _Driver:
         return await send(self.session, url, body, idx=r.idx, t_origin=self.t0,
                           headers=self.headers[i] if self.headers else None,
                           stream=self.plan.stream, group=r.group,
-                          timeout=self.plan.request_timeout)
+                          request_timeout=self.plan.request_timeout)
 
     def _record(self, o: Outcome) -> None:
         self.outcomes.append(o)
