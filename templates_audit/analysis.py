@@ -32,7 +32,7 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 import functools
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -42,16 +42,18 @@ from templates_audit.blocks import PrefixCache, block_hashes, hit_rate
 from templates_audit.findings import Span, diff_spans
 from templates_audit.grouping import TemplateIndex
 from templates_audit.model import BadLine, Finding, Report, Role, Summary, Template
-from templates_audit.prompts import Prompt, prepare
+from templates_audit.prompts import Prompt, PromptBuilder, prepare
 from templates_audit.render import ChatRenderer, TemplateError
+from templates_audit.replay import Head, Replay
 from templates_audit.suggest import redact, suggestion
-from templates_audit.tokenize import Tokenizer, default_tokenizer
+from templates_audit.tokenize import DefaultTokenizer, Tokenizer, default_tokenizer
 from templates_audit.traces import Record
 
 __all__ = ["DEFAULT_CACHE_BLOCKS", "Auditor", "analyze"]
 
 DEFAULT_CACHE_BLOCKS = 1 << 16  # 1M tokens at block size 16: more than one GPU's KV pool holds
 MAX_SPANS = 64
+STATIC_CACHE = 256  # recent distinct static parts whose tokens and hashes are kept
 MAX_DISTINCT = 4096
 MAX_EXAMPLES = 5
 MAX_BAD_SAMPLES = 10
@@ -92,7 +94,8 @@ class _TemplateState:
     static_text: str
     static_ids: list[int]
     offsets: list[int]
-    hashes: list[int]  # block hashes of static_ids (full blocks)
+    head: Head  # block hashes of static_ids (full blocks), in the observed cache
+    ach_head: Head  # the same hashes, in the achievable cache
     roles: tuple[tuple[int, int, Role], ...]
     tools_json: str
     is_chat: bool
@@ -161,14 +164,17 @@ class Auditor:
         self._now: dt.datetime | None = None
         base = renderer or ChatRenderer()
         self.renderer = base.with_clock(self._clock)
+        self._builder = PromptBuilder(self.renderer)
         self._dynamic_template = "strftime_now" in base.source
         self._probes = [base.with_clock(functools.partial(_fixed, c)) for c in PROBE_CLOCKS]
         self.block_size = block_size
         self.redact_values = redact_values
         self.index = TemplateIndex()
         self.templates: dict[str, _TemplateState] = {}
-        self.observed = PrefixCache(cache_blocks, block_size)
-        self.achievable = PrefixCache(cache_blocks, block_size)
+        self.observed = Replay(PrefixCache(cache_blocks, block_size))
+        self.achievable = Replay(PrefixCache(cache_blocks, block_size))
+        self._line_tokenizer = isinstance(self.tokenizer, DefaultTokenizer)
+        self._static_lru: OrderedDict[int, tuple[list[int], list[int]]] = OrderedDict()
         self.requests = 0
         self.prompt_tokens = 0
         self.bad_lines = 0
@@ -191,22 +197,40 @@ class Auditor:
             self.first_ts = record.timestamp if self.first_ts is None else self.first_ts
             self.last_ts = record.timestamp
         try:
-            prompt = prepare(record, self.renderer)
+            prompt = self._builder.build(record)
         except TemplateError as exc:
             self.add_bad(BadLine(record.file, record.line, str(exc)))
             return
         finally:
             self._now = None
-        ids, offs = self.tokenizer.encode_with_offsets(prompt.text)
-        static_tok = bisect.bisect_left(offs, prompt.static_end)
-        tpl = self._template(record, prompt, ids, offs, static_tok)
+        model = record.model or ""
+        static_text = prompt.static_text
+        tid, key = self.index.lookup_exact(model, static_text)
+        tpl = self.templates.get(tid) if tid is not None else None
+        offsets: list[int] | None = None
+        cached_hashes: list[int] | None = None
+        end = prompt.static_end
+        if self._line_tokenizer and (end == 0 or prompt.text[end - 1] == "\n"):
+            # No default-tokenizer token crosses a newline: static part and tail tokenise apart.
+            if tpl is not None and static_text == tpl.static_text:
+                static_ids, cached_hashes = tpl.static_ids, tpl.head.hashes
+            elif (hit := self._static_lru.get(key)) is not None:
+                static_ids, cached_hashes = hit
+            else:
+                static_ids = self.tokenizer.encode(static_text)
+            tail_ids = self.tokenizer.encode(prompt.text[end:])
+        else:
+            ids, offs = self.tokenizer.encode_with_offsets(prompt.text)
+            cut = bisect.bisect_left(offs, end)
+            static_ids, tail_ids, offsets = ids[:cut], ids[cut:], offs[:cut]
+        if tpl is None:
+            tpl = self._template(record, prompt, static_ids, offsets, key)
         tpl.requests += 1
         self.requests += 1
-        self.prompt_tokens += len(ids)
-        static_text = prompt.static_text
+        self.prompt_tokens += len(static_ids) + len(tail_ids)
         if static_text != tpl.static_text:
             tpl.observe(diff_spans(tpl.static_text, static_text), static_text)
-        self._feed_caches(tpl, ids, static_tok)
+        self._feed_caches(tpl, static_ids, tail_ids, cached_hashes, key)
 
     def add_all(self, items: Iterable[Record | BadLine]) -> None:
         for item in items:
@@ -216,33 +240,29 @@ class Auditor:
                 self.add(item)
 
     # -- templates ----------------------------------------------------------------------------
-    def _template(self, record: Record, prompt: Prompt, ids: list[int], offs: list[int],
-                  static_tok: int) -> _TemplateState:
+    def _template(self, record: Record, prompt: Prompt, static_ids: list[int],
+                  offsets: list[int] | None, key: int) -> _TemplateState:
         model = record.model or ""
         text = prompt.static_text
-        tid, key = self.index.lookup_exact(model, text)
+        tid, masked = self.index.find(model, text, key)
         if tid is None:
-            tid, masked = self.index.find(model, text, key)
-            if tid is None:
-                tid = f"tpl-{masked[:10]}"
-                while tid in self.templates:  # same masked text under a different model
-                    tid += "'"
-                self.index.add(tid, model, text, key)
-                self.templates[tid] = self._new_template(tid, record, prompt, ids, offs, static_tok)
+            tid = f"tpl-{masked[:10]}"
+            while tid in self.templates:  # same masked text under a different model
+                tid += "'"
+            self.index.add(tid, model, text, key)
+            if offsets is None:
+                offsets = self.tokenizer.encode_with_offsets(text)[1]
+            hashes = block_hashes(static_ids, self.block_size)
+            tpl = _TemplateState(
+                id=tid, static_text=text, static_ids=static_ids, offsets=offsets,
+                head=Head(hashes), ach_head=Head(hashes),
+                roles=prompt.roles, tools_json=prompt.tools_json, is_chat=prompt.is_chat,
+                reference=f"{record.file}:{record.line}",
+            )
+            if prompt.is_chat and self._dynamic_template:
+                self._probe(tpl, record)
+            self.templates[tid] = tpl
         return self.templates[tid]
-
-    def _new_template(self, tid: str, record: Record, prompt: Prompt, ids: list[int],
-                      offs: list[int], static_tok: int) -> _TemplateState:
-        static_ids = ids[:static_tok]
-        tpl = _TemplateState(
-            id=tid, static_text=prompt.static_text, static_ids=static_ids,
-            offsets=offs[:static_tok], hashes=block_hashes(static_ids, self.block_size),
-            roles=prompt.roles, tools_json=prompt.tools_json, is_chat=prompt.is_chat,
-            reference=f"{record.file}:{record.line}",
-        )
-        if prompt.is_chat and self._dynamic_template:
-            self._probe(tpl, record)
-        return tpl
 
     def _probe(self, tpl: _TemplateState, record: Record) -> None:
         try:
@@ -264,27 +284,34 @@ class Auditor:
                 stats.role = Role.TEMPLATE
 
     # -- caches -------------------------------------------------------------------------------
-    def _feed_caches(self, tpl: _TemplateState, ids: list[int], static_tok: int) -> None:
+    def _feed_caches(self, tpl: _TemplateState, static_ids: list[int], tail_ids: list[int],
+                     static_hashes: list[int] | None, key: int) -> None:
         bs = self.block_size
-        ref_ids, ref_hashes = tpl.static_ids, tpl.hashes
-        # Observed: reuse the reference's hashes for the leading blocks this request shares.
-        lo, hi = 0, min(len(ref_hashes), len(ids) // bs)
-        if ids[: hi * bs] == ref_ids[: hi * bs]:
-            lo = hi
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if ids[: mid * bs] == ref_ids[: mid * bs]:
-                lo = mid
-            else:
-                hi = mid - 1
-        parent = ref_hashes[lo - 1] if lo else None
-        hashes = ref_hashes[:lo] + block_hashes(ids[lo * bs:], bs, parent=parent)
-        self.observed.insert(hashes, len(ids))
-        # Achievable: the reference's static tokens, then this request's own remainder.
-        ach = ref_ids + ids[static_tok:]
-        k = len(ref_hashes)
-        ach_hashes = ref_hashes + block_hashes(ach[k * bs:], bs, parent=ref_hashes[-1] if k else None)
-        self.achievable.insert(ach_hashes, len(ach))
+        ref_ids, head = tpl.static_ids, tpl.head.hashes
+        k = len(head)
+        num_tokens = len(static_ids) + len(tail_ids)
+        # Achievable: the reference's static tokens, then this request's own tail.
+        ach_tail = block_hashes(ref_ids[k * bs:] + tail_ids, bs, parent=head[-1] if k else None)
+        self.achievable.serve(tpl.ach_head, k, ach_tail, len(ref_ids) + len(tail_ids))
+        # Observed: the leading blocks shared with the reference reuse its hashes.
+        if static_hashes is head:
+            self.observed.serve(tpl.head, k, ach_tail, num_tokens)
+            return
+        if static_hashes is None:
+            shared = _shared_blocks(static_ids, ref_ids, k, bs)
+            parent = head[shared - 1] if shared else None
+            n_full = len(static_ids) // bs
+            static_hashes = head[:shared] + block_hashes(static_ids[shared * bs:n_full * bs], bs,
+                                                         parent=parent)
+            self._static_lru[key] = (static_ids, static_hashes)
+            if len(self._static_lru) > STATIC_CACHE:
+                self._static_lru.popitem(last=False)
+        else:
+            shared = _shared_blocks(static_ids, ref_ids, k, bs)
+        n = len(static_hashes)
+        tail = static_hashes[shared:] + block_hashes(
+            static_ids[n * bs:] + tail_ids, bs, parent=static_hashes[-1] if n else None)
+        self.observed.serve(tpl.head, shared, tail, num_tokens)
 
     # -- output -------------------------------------------------------------------------------
     def report(self) -> Report:
@@ -349,6 +376,20 @@ class Auditor:
             char_start=st.ref_start,
             char_end=st.ref_end,
         )
+
+
+def _shared_blocks(ids: list[int], ref: list[int], limit: int, bs: int) -> int:
+    """Leading full blocks of ``ids`` equal to ``ref``'s (binary search on C-speed slice compares)."""
+    lo, hi = 0, min(limit, len(ids) // bs)
+    if ids[: hi * bs] == ref[: hi * bs]:
+        return hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ids[: mid * bs] == ref[: mid * bs]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _fixed(instant: dt.datetime) -> dt.datetime:

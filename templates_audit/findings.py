@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -44,12 +45,7 @@ class Span:
 
 
 def _line_starts(lines: list[str]) -> list[int]:
-    starts = []
-    pos = 0
-    for line in lines:
-        starts.append(pos)
-        pos += len(line) + 1
-    return starts
+    return [0, *itertools.accumulate(len(line) + 1 for line in lines[:-1])]
 
 
 def diff_spans(ref: str, req: str) -> list[Span]:

@@ -13,18 +13,24 @@ cannot be found, the request is rendered once more with a sentinel in its place.
 the character ranges of the static messages' contents, for attributing a span to a role.
 
 Cost: one template render per request (two in the rare sentinel case); O(len) searches.
+:class:`PromptBuilder` removes the render for templates known to insert message content
+verbatim (the built-in ChatML): it renders each message *structure* (roles, tool calls, tools)
+once with sentinel contents and splices the real contents into that skeleton — byte-identical to
+a render, checked against a real render the first time each skeleton is used.
 """
 
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 from templates_audit.model import Role
-from templates_audit.render import ChatRenderer
+from templates_audit.render import DEFAULT_CHAT_TEMPLATE, ChatRenderer
 from templates_audit.traces import Record
 
-__all__ = ["STATIC_ROLES", "Prompt", "prepare"]
+__all__ = ["STATIC_ROLES", "Prompt", "PromptBuilder", "prepare"]
 
 STATIC_ROLES = frozenset({"system", "developer"})
 _SENTINEL = "\ue000\ue001prefix-audit\ue001\ue000"
@@ -77,3 +83,99 @@ def prepare(record: Record, renderer: ChatRenderer) -> Prompt:
             end = cursor
     tools_json = json.dumps(record.tools, ensure_ascii=False) if record.tools else ""
     return Prompt(text, end, tuple(roles), tools_json)
+
+
+# Templates that splice message content in verbatim, so a skeleton render is exact.
+_VERBATIM_TEMPLATES = frozenset({DEFAULT_CHAT_TEMPLATE})
+_MAX_SKELETONS = 1024
+
+
+def _slot(i: int) -> str:
+    return f"\ue000{i}\ue001"
+
+
+def _static_index(messages: list[dict[str, Any]]) -> int:
+    return next((i for i, m in enumerate(messages) if m.get("role") not in STATIC_ROLES),
+                len(messages) - 1)
+
+
+class PromptBuilder:
+    """``prepare`` with per-structure skeletons for verbatim templates (see the module docstring)."""
+
+    def __init__(self, renderer: ChatRenderer) -> None:
+        self.renderer = renderer
+        self.enabled = renderer.source in _VERBATIM_TEMPLATES
+        # structure key -> (literal parts, slot order) or None when the skeleton is unusable
+        self._skeletons: OrderedDict[str, tuple[list[str], list[int]] | None] = OrderedDict()
+
+    def build(self, record: Record) -> Prompt:
+        msgs = record.messages
+        if not self.enabled or msgs is None:
+            return prepare(record, self.renderer)
+        key = json.dumps([[{k: v for k, v in m.items() if k != "content"} for m in msgs],
+                          record.tools], sort_keys=True, default=str)
+        if key in self._skeletons:
+            skel = self._skeletons[key]
+            if skel is None:
+                return prepare(record, self.renderer)
+            return self._splice(skel, record)
+        skel = self._skeleton(msgs, record)
+        if skel is not None:
+            # Trust the skeleton only if it reproduces a real render of this request.
+            fast, slow = self._splice(skel, record), prepare(record, self.renderer)
+            if fast != slow:
+                skel = None
+            self._remember(key, skel)
+            return slow
+        self._remember(key, None)
+        return prepare(record, self.renderer)
+
+    def _remember(self, key: str, skel: tuple[list[str], list[int]] | None) -> None:
+        self._skeletons[key] = skel
+        if len(self._skeletons) > _MAX_SKELETONS:
+            self._skeletons.popitem(last=False)
+
+    def _skeleton(self, msgs: list[dict[str, Any]], record: Record
+                  ) -> tuple[list[str], list[int]] | None:
+        probe = [{**m, "content": _slot(i)} for i, m in enumerate(msgs)]
+        text = self.renderer.render(probe, tools=record.tools)
+        parts: list[str] = []
+        order: list[int] = []
+        pos = 0
+        while True:
+            start = text.find("\ue000", pos)
+            if start < 0:
+                break
+            end = text.find("\ue001", start)
+            if end < 0:
+                return None
+            parts.append(text[pos:start])
+            order.append(int(text[start + 1:end]))
+            pos = end + 1
+        parts.append(text[pos:])
+        if sorted(order) != list(range(len(msgs))):
+            return None  # a content dropped or repeated: not a plain splice
+        return parts, order
+
+    def _splice(self, skel: tuple[list[str], list[int]], record: Record) -> Prompt:
+        parts, order = skel
+        msgs = record.messages or []
+        k = _static_index(msgs)
+        out: list[str] = []
+        roles: list[tuple[int, int, Role]] = []
+        pos = 0
+        static_end = -1
+        for lit, i in zip(parts, order, strict=False):
+            out.append(lit)
+            pos += len(lit)
+            content = str(msgs[i].get("content") or "")
+            if i < k and content:
+                role = Role.DEVELOPER if msgs[i].get("role") == "developer" else Role.SYSTEM
+                roles.append((pos, pos + len(content), role))
+            if i == k:
+                static_end = pos
+            out.append(content)
+            pos += len(content)
+        out.append(parts[-1])
+        tools_json = json.dumps(record.tools, ensure_ascii=False) if record.tools else ""
+        return Prompt("".join(out), static_end, tuple(roles), tools_json)

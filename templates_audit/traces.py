@@ -97,7 +97,7 @@ def _open(path: str) -> Iterator[IO[bytes]]:
     if path == "-":
         yield sys.stdin.buffer
         return
-    raw = open(path, "rb")  # noqa: SIM115 - closed below, possibly through the gzip wrapper
+    raw = open(path, "rb")  # closed below, possibly through the gzip wrapper
     try:
         if path.endswith(".gz") or raw.peek(2)[:2] == _GZIP_MAGIC:
             with gzip.GzipFile(fileobj=raw, mode="rb") as gz:
@@ -162,7 +162,8 @@ def parse_record(raw: bytes, file: str = "<input>", line: int = 0, *, max_depth:
         raise _Bad(f"nested deeper than {max_depth} levels") from None
     except ValueError as exc:
         raise _Bad(f"invalid JSON: {exc}") from None
-    if _too_deep(obj, max_depth):
+    # Cheap bound first: a line with fewer brackets than the limit cannot nest deeper.
+    if raw.count(b"[") + raw.count(b"{") > max_depth and _too_deep(obj, max_depth):
         raise _Bad(f"nested deeper than {max_depth} levels")
     if not isinstance(obj, dict):
         raise _Bad(f"expected a JSON object, got {type(obj).__name__}")

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Benchmark ``prefix-audit``: throughput (requests/s) and peak memory vs trace length.
+
+Synthetic trace: ``--templates`` system prompts of ~2k default-tokenizer tokens each (numbered
+rules), of which a third carry a per-day date, a third a per-user name and a third a per-request
+timestamp near the top; every request has its own user turn. Lines are JSONL chat bodies.
+
+* ``throughput``: writes ``--requests`` lines to a temp file, then times what the CLI does —
+  stream + parse (:func:`iter_trace`) and :class:`Auditor` (render, tokenise, group, diff, both
+  caches) — on one core; then the same with ``--tokenizer`` (a byte-level BPE trained here with
+  the ``tokenizers`` library on the synthetic text, vocab 4,096), on fewer requests.
+* ``memory N``: in a fresh subprocess, audits N generated lines (parsed from JSON bytes, never
+  stored) and prints peak RSS; the parent compares two sizes.
+
+Usage: ``python scripts/bench_auditor.py [--requests 20000] [--memory 10000 100000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from templates_audit.analysis import DEFAULT_CACHE_BLOCKS, Auditor
+from templates_audit.model import BadLine
+from templates_audit.tokenize import load_tokenizer
+from templates_audit.traces import iter_trace, parse_record
+
+NAMES = ["Alice", "Bruno", "Chiara", "Dmitri", "Esther", "Farid", "Greta", "Hiro"]
+TOPICS = ["billing", "shipping", "returns", "warranty", "accounts", "security", "pricing"]
+
+
+def system_prompt(t: int) -> str:
+    rules = "\n".join(
+        f"Rule {t}.{i}: when the customer asks about {TOPICS[(t + i) % len(TOPICS)]}, explain "
+        f"the policy in plain words, cite section {i} of the handbook and offer further help."
+        for i in range(75)
+    )
+    return f"You are support assistant #{t} of ACME Corp.\n{{volatile}}\n{rules}\nBe concise."
+
+
+# Share of templates per volatility pattern: a realistic mix, most of the cost is in the last one.
+MIX = (("static", 0.40), ("per-day date", 0.25), ("per-user name", 0.20),
+       ("per-request timestamp", 0.15))
+
+
+def volatile(kind: str, i: int, n: int, rng: random.Random) -> str:
+    day = i * 30 // max(n, 1)
+    if kind == "per-day date":
+        return f"Current date: 2025-{day // 28 + 1:02d}-{day % 28 + 1:02d}"
+    if kind == "per-user name":
+        return f"The user's name is {rng.choice(NAMES)}."
+    if kind == "per-request timestamp":
+        return f"Request time: 2025-05-20T{rng.randrange(24):02d}:{rng.randrange(60):02d}:" \
+               f"{rng.randrange(60):02d}Z"
+    return "Follow the rules below."
+
+
+def lines(n: int, templates: int, seed: int = 1, mix: tuple[tuple[str, float], ...] = MIX
+          ) -> Iterator[bytes]:
+    rng = random.Random(seed)
+    prompts = [system_prompt(t) for t in range(templates)]
+    kinds = [k for k, share in mix for _ in range(round(share * templates))]
+    kinds += [mix[0][0]] * (templates - len(kinds))
+    for i in range(n):
+        t = rng.randrange(templates)
+        system = prompts[t].replace("{volatile}", volatile(kinds[t], i, n, rng))
+        body = {"model": "m", "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"Question {i}: what about my order {rng.randrange(10**6)}?"},
+        ]}
+        yield json.dumps(body).encode() + b"\n"
+
+
+def train_tokenizer(path: Path, templates: int) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=4096, special_tokens=["<|im_start|>", "<|im_end|>"])
+    tok.train_from_iterator([system_prompt(t) for t in range(templates)], trainer=trainer)
+    tok.save(str(path))
+
+
+def audit_file(path: Path, tokenizer: str | None) -> tuple[int, float, float]:
+    auditor = Auditor(load_tokenizer(tokenizer), cache_blocks=DEFAULT_CACHE_BLOCKS)
+    start = time.perf_counter()
+    for item in iter_trace([str(path)]):
+        if isinstance(item, BadLine):
+            auditor.add_bad(item)
+        else:
+            auditor.add(item)
+    report = auditor.report()
+    elapsed = time.perf_counter() - start
+    return report.summary.requests, elapsed, report.summary.prompt_tokens / max(report.summary.requests, 1)
+
+
+def memory_child(n: int, templates: int) -> None:
+    auditor = Auditor(cache_blocks=DEFAULT_CACHE_BLOCKS)
+    for i, raw in enumerate(lines(n, templates)):
+        auditor.add(parse_record(raw[:-1], "mem", i + 1))
+    report = auditor.report()
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"requests": report.summary.requests, "peak_rss_mib": peak_kib / 1024,
+                      "templates": report.summary.templates, "findings": len(report.findings)}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=20000)
+    p.add_argument("--hf-requests", type=int, default=5000)
+    p.add_argument("--templates", type=int, default=30)
+    p.add_argument("--memory", type=int, nargs="*", default=[10000, 100000])
+    p.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.memory_child:
+        memory_child(args.memory_child, args.templates)
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.jsonl"
+        with trace.open("wb") as fh:
+            fh.writelines(lines(args.requests, args.templates))
+        size = trace.stat().st_size
+        n, secs, avg = audit_file(trace, None)
+        print(f"default tokenizer: {n:,} requests (~{avg:,.0f} tokens each, {size / 2**20:,.0f} MiB) "
+              f"in {secs:.2f}s = {n / secs:,.0f} requests/s")
+        try:
+            tok = Path(tmp) / "tokenizer.json"
+            train_tokenizer(tok, args.templates)
+        except ImportError:
+            print("--tokenizer: skipped (the optional 'tokenizers' package is not installed)")
+        else:
+            small = Path(tmp) / "small.jsonl"
+            with small.open("wb") as fh:
+                fh.writelines(lines(args.hf_requests, args.templates))
+            n, secs, avg = audit_file(small, str(tok))
+            print(f"--tokenizer (BPE, vocab 4,096): {n:,} requests (~{avg:,.0f} tokens each) in "
+                  f"{secs:.2f}s = {n / secs:,.0f} requests/s")
+    for n in args.memory:
+        out = subprocess.run([sys.executable, __file__, "--memory-child", str(n),
+                              "--templates", str(args.templates)],
+                             capture_output=True, text=True, check=True, env=dict(os.environ))
+        stats = json.loads(out.stdout)
+        print(f"memory: {stats['requests']:,} requests -> peak RSS {stats['peak_rss_mib']:,.0f} MiB "
+              f"({stats['templates']} templates, {stats['findings']} findings)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
