@@ -1,0 +1,359 @@
+"""`prefix-loadtest simulate`: a fleet-scale discrete-event simulation in virtual time.
+
+No HTTP, no sleeping: the simulation runs the **router's own code** (``router.keys.derive``,
+``router.replicas.ReplicaSet`` and its ring, ``router.policy``) in front of N copies of **the
+simulated replica's own engine** (``loadtest.replica.engine.Engine``: the same continuous-batching
+scheduler, the same ``PrefixCache`` block pool, the same ``TimingModel``), driven by a virtual
+clock. A policy can therefore be compared at 64+ replicas and very large traces on one core — the
+way to plan beyond what one machine can serve.
+
+Event loop: a heap of (time, order, event). An *arrival* derives the routing key, refreshes every
+replica's load (its outstanding requests: running + waiting, which is what the router's in-flight
+count converges to) and asks the policy for a decision, then submits the request to that replica's
+engine and wakes it if idle. A *step end* applies the engine step that was planned at its start
+(tokens produced, blocks cached, requests finished), records TTFT/latency, and plans the next step
+at once if work remains — exactly what the replica's asyncio loop does, minus the sleep.
+
+Inputs: a Mooncake-format trace (``--trace``: timestamps in ms, input/output lengths, 512-token
+block hash ids -> token ids generated per block id, no text) or a named workload
+(``--workload``). Cost: O(steps x running batch) Python work; arrivals O(N) for the load refresh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import json
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from loadtest.replica.engine import Engine, EngineLimits, EngineRequest, _Seq
+from loadtest.replica.timing import TimingModel
+from loadtest.stats import max_over_mean, summarize
+from router.keys import KeyConfig, derive
+from router.policy import make_policy
+from router.replicas import ReplicaSet, ReplicaState
+from templates_audit.blocks import block_hashes
+
+__all__ = ["SimConfig", "SimRequest", "SimResult", "add_arguments", "main", "mooncake_requests", "simulate"]
+
+
+@dataclass(frozen=True)
+class SimRequest:
+    at: float  # arrival, seconds of virtual time
+    path: str
+    key_body: dict[str, Any]  # what the router derives the key from (may be a prefix window)
+    prompt_ids: Sequence[int]
+    max_tokens: int
+    headers: dict[str, str] = field(default_factory=dict)
+    prompt_hashes: Sequence[int] | None = None  # full-block hashes of prompt_ids, if precomputed
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    replicas: int = 4
+    policy: str = "prefix"
+    load_factor: float = 1.25
+    ring: str = "xxhash"
+    block_size: int = 16
+    kv_blocks: int | None = 8192
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    timing: TimingModel = field(default_factory=TimingModel)
+
+
+@dataclass
+class SimResult:
+    config: dict[str, Any]
+    requests: int
+    virtual_seconds: float
+    wall_seconds: float
+    hit_rate: float
+    ttft: dict[str, float]
+    e2e: dict[str, float]
+    per_replica_requests: dict[str, int]
+    load_max_over_mean: float
+    branches: dict[str, int]
+    preemptions: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _VirtualEngine(Engine):
+    """The replica's engine with arrival times taken from the virtual clock, not asyncio."""
+
+    def __init__(self, limits: EngineLimits, timing: TimingModel) -> None:
+        super().__init__(limits, timing)
+        self.now = 0.0
+
+    def _new_seq(self, req: EngineRequest) -> _Seq:
+        self._check(req)
+        hashes = (list(req.prompt_hashes) if req.prompt_hashes is not None
+                  else block_hashes(req.prompt_ids, self.limits.block_size))
+        return _Seq(req=req, arrival=self.now, ids=list(req.prompt_ids), hashes=hashes,
+                    prompt_len=len(req.prompt_ids))
+
+
+def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
+    names = [f"r{i}" for i in range(config.replicas)]
+    limits = EngineLimits(block_size=config.block_size, kv_blocks=config.kv_blocks,
+                          max_num_seqs=config.max_num_seqs,
+                          max_num_batched_tokens=config.max_num_batched_tokens,
+                          max_model_len=1 << 30)
+    engines = {n: _VirtualEngine(limits, config.timing) for n in names}
+    rset = ReplicaSet(ring_kind=config.ring)
+    from router.discovery.base import Endpoint
+
+    rset.update_membership([Endpoint(name=n, url=f"sim://{n}") for n in names])
+    policy = make_policy(config.policy, config.load_factor)
+    key_config = KeyConfig()
+    states: dict[str, ReplicaState] = {s.name: s for s in rset.states()}
+
+    heap: list[tuple[float, int, str, Any]] = []
+    order = itertools.count()
+    for r in requests:
+        heapq.heappush(heap, (r.at, next(order), "arrive", r))
+    busy: dict[str, bool] = dict.fromkeys(names, False)
+    arrivals: dict[int, float] = {}
+    first: dict[int, float] = {}
+    done: dict[int, float] = {}
+    per_replica: dict[str, int] = dict.fromkeys(names, 0)
+    branches: dict[str, int] = {}
+    owner: dict[int, tuple[str, _Seq]] = {}
+    seq_counter = itertools.count()
+    now = 0.0
+    wall0 = time.perf_counter()
+
+    def start_step(name: str, t: float) -> None:
+        eng = engines[name]
+        eng.now = t
+        plan = eng._schedule()
+        if not plan.chunks:
+            busy[name] = False
+            return
+        busy[name] = True
+        eng.stats.steps += 1
+        dur = config.timing.step_seconds(plan.prefill_tokens, plan.decoding)
+        heapq.heappush(heap, (t + dur, next(order), "step", (name, plan)))
+
+    while heap:
+        now, _, kind, payload = heapq.heappop(heap)
+        if kind == "arrive":
+            req: SimRequest = payload
+            key = derive(req.path, req.headers, req.key_body, key_config)
+            for n in names:
+                e = engines[n]
+                states[n].in_flight = len(e.running) + len(e.waiting)
+            decision = policy.choose(key, list(states.values()), rset.ring, next(seq_counter))
+            if decision is None:
+                continue
+            name = decision.replica
+            branches[str(decision.branch)] = branches.get(str(decision.branch), 0) + 1
+            per_replica[name] += 1
+            eng = engines[name]
+            eng.now = now
+            rid = len(arrivals)
+            arrivals[rid] = now
+            hashes = req.prompt_hashes
+            if hashes is not None and len(hashes) * config.block_size > len(req.prompt_ids):
+                hashes = None  # precomputed for another block size
+            handle = eng.submit(EngineRequest(request_id=str(rid), prompt_ids=req.prompt_ids,
+                                              max_tokens=req.max_tokens, prompt_hashes=hashes))
+            owner[rid] = (name, handle._seq)
+            if not busy[name]:
+                start_step(name, now)
+        else:
+            name, plan = payload
+            eng = engines[name]
+            eng.now = now
+            eng._apply(plan, now)
+            for seq, _n in plan.chunks:
+                rid = int(seq.req.request_id)
+                if seq.generated >= 1 and rid not in first:
+                    first[rid] = now
+                if seq.done and rid not in done:
+                    done[rid] = now
+            start_step(name, now)
+
+    hits = sum(e.stats.hits for e in engines.values())
+    queries = sum(e.stats.queries for e in engines.values())
+    ttft = [first[r] - arrivals[r] for r in first]
+    e2e = [done[r] - arrivals[r] for r in done]
+    cfg = asdict(config)
+    cfg["timing"] = asdict(config.timing)
+    return SimResult(
+        config=cfg,
+        requests=len(arrivals),
+        virtual_seconds=now,
+        wall_seconds=time.perf_counter() - wall0,
+        hit_rate=hits / queries if queries else 0.0,
+        ttft=summarize(ttft),
+        e2e=summarize(e2e),
+        per_replica_requests=per_replica,
+        load_max_over_mean=max_over_mean(per_replica.values()),
+        branches=branches,
+        preemptions=sum(e.stats.preemptions for e in engines.values()),
+    )
+
+
+# -- inputs -----------------------------------------------------------------------------------
+
+_BLOCK = 512
+
+
+def _block_ids(block_id: int, cache: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
+    ids = cache.get(block_id)
+    if ids is None:
+        # distinct per (block, position); the content is irrelevant beyond identity because
+        # the block hashes are chained from the trace's ids
+        base = (block_id * 2_654_435_761) & 0x7FFFFFFF
+        ids = tuple((base + j * 40_503) & 0x7FFFFFFF for j in range(_BLOCK))
+        cache[block_id] = ids
+    return ids
+
+
+def _block_hashes_of(hids: Sequence[int], cache: dict[int, tuple[int, ...]],
+                     hcache: dict[int, list[int]], block_size: int) -> list[int]:
+    """Chained 16-token hashes of whole 512-token trace blocks, memoised per trace block id.
+
+    Valid because trace ids are chained (an id always follows the same predecessor), so a
+    block's hashes depend on its id alone; each distinct block is hashed once.
+    """
+    out: list[int] = []
+    parent: int | None = None
+    for hid in hids:
+        hs = hcache.get(hid)
+        if hs is None:
+            hs = block_hashes(_block_ids(hid, cache), block_size, parent=parent)
+            hcache[hid] = hs
+        out.extend(hs)
+        parent = hs[-1] if hs else parent
+    return out
+
+
+def mooncake_requests(
+    path: str,
+    limit: int | None = None,
+    time_scale: float = 1.0,
+    max_output_tokens: int = 64,
+    repeat: int = 1,
+    block_size: int = 16,
+) -> Iterator[SimRequest]:
+    """Mooncake records -> simulated requests; token ids per 512-token block id, no text.
+
+    ``repeat`` > 1 replays the trace again after its end with block ids offset (a different
+    population with the same structure), to build traces larger than the file.
+    """
+    from loadtest.workloads import mooncake_block_text
+
+    cache: dict[int, tuple[int, ...]] = {}
+    hcache: dict[int, list[int]] = {}
+    window: dict[int, str] = {}
+    with open(path, encoding="utf-8") as fh:
+        recs = [json.loads(line) for line in fh if line.strip()]
+    span = (recs[-1]["timestamp"] + 1) if recs else 0
+    n = 0
+    for rep in range(repeat):
+        offset = rep * 10_000_000
+        for rec in recs:
+            if limit is not None and n >= limit:
+                return
+            hids = [h + offset if h != 0 else 0 for h in rec["hash_ids"]]
+            ids: list[int] = []
+            for hid in hids:
+                ids.extend(_block_ids(hid, cache))
+            n_tokens = int(rec["input_length"])
+            ids = ids[:n_tokens]
+            hashes = None
+            if _BLOCK % block_size == 0:
+                hashes = _block_hashes_of(hids, cache, hcache, block_size)[: n_tokens // block_size]
+            h0 = hids[0]
+            if h0 not in window:
+                window[h0] = mooncake_block_text(h0)[:2048]
+            yield SimRequest(
+                at=(rec["timestamp"] + rep * span) / 1000.0 / time_scale,
+                path="/v1/completions",
+                key_body={"model": "sim-model", "prompt": window[h0]},
+                prompt_ids=ids,
+                max_tokens=max(1, min(int(rec["output_length"]), max_output_tokens)),
+                prompt_hashes=hashes,
+            )
+            n += 1
+
+
+def workload_requests(name: str, requests: int, seed: int, rate: float, **kw: Any) -> list[SimRequest]:
+    """A named workload (``loadtest.workloads``) rendered and tokenised like the replica does."""
+    from loadtest.workloads import WorkloadSpec, generate
+    from templates_audit.render import ChatRenderer
+    from templates_audit.tokenize import default_tokenizer
+
+    tok = default_tokenizer()
+    renderer = ChatRenderer()
+    out = []
+    for r in generate(WorkloadSpec(name, requests=requests, seed=seed, rate=rate, stream=False, **kw)):
+        if "messages" in r.body:
+            text = renderer.render(r.body["messages"], r.body.get("tools"))
+        else:
+            text = str(r.body.get("prompt", ""))
+        out.append(SimRequest(at=r.at, path=r.path, key_body=r.body, prompt_ids=tok.encode(text),
+                              max_tokens=int(r.body.get("max_tokens", 16))))
+    return out
+
+
+# -- CLI ----------------------------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", help="Mooncake-format JSONL (timestamp ms, input_length, output_length, hash_ids)")
+    src.add_argument("--workload", help="a named workload: shared-prefix, multi-turn, hot-prefix, volatile")
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--policy", action="append", default=None,
+                   help="prefix | round_robin | least_loaded (repeatable: compare several)")
+    p.add_argument("--requests", type=int, default=None, help="cap on requests (default: whole trace / 1000)")
+    p.add_argument("--repeat", type=int, default=1, help="replay the trace N times (larger populations)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="trace seconds per simulated second (>1 = faster arrivals)")
+    p.add_argument("--rate", type=float, default=20.0, help="workload arrival rate (req/s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-output-tokens", type=int, default=64)
+    p.add_argument("--load-factor", type=float, default=1.25)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-blocks", type=int, default=8192)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--json", dest="json_out", help="write results as JSON to this file")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.replicas < 1:
+        print("prefix-loadtest simulate: --replicas must be >= 1", file=sys.stderr)
+        return 2
+    policies = args.policy or ["prefix", "round_robin", "least_loaded"]
+    if args.trace:
+        try:
+            reqs = list(mooncake_requests(args.trace, args.requests, args.time_scale,
+                                          args.max_output_tokens, args.repeat, args.block_size))
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"prefix-loadtest simulate: cannot read trace {args.trace}: {exc}", file=sys.stderr)
+            return 2
+    else:
+        reqs = workload_requests(args.workload, args.requests or 1000, args.seed, args.rate)
+    results = []
+    print(f"{'policy':<14}{'requests':>9}{'hit rate':>10}{'TTFT p50':>10}{'TTFT p99':>10}"
+          f"{'max/mean':>10}{'wall s':>8}")
+    for pol in policies:
+        cfg = SimConfig(replicas=args.replicas, policy=pol, load_factor=args.load_factor,
+                        block_size=args.block_size, kv_blocks=args.kv_blocks,
+                        max_num_seqs=args.max_num_seqs)
+        res = simulate(reqs, cfg)
+        results.append(res.to_json())
+        print(f"{pol:<14}{res.requests:>9}{res.hit_rate:>10.3f}{res.ttft['p50']:>10.3f}"
+              f"{res.ttft['p99']:>10.3f}{res.load_max_over_mean:>10.2f}{res.wall_seconds:>8.1f}")
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as fh:
+            json.dump(results, fh, indent=2)
+    return 0
