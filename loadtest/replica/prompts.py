@@ -5,7 +5,8 @@ tokenised as they are (or taken as token ids). The result — ids, chained full-
 the seed of the deterministic reply — depends only on the request body, so an LRU keyed by a
 128-bit hash of the body skips rendering, tokenising and hashing when a body repeats (load
 generators replay bodies). Templates that read the clock (``strftime_now``) are never memoised.
-Cost: O(prompt) on a miss, O(body bytes) to hash on a hit; memory bounded by ``memo_size``.
+Cost: O(prompt) on a miss, O(body bytes) to hash on a hit; memory bounded by ``memo_tokens``
+token ids (plus their block hashes) in all.
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ class Prompt:
 
 class Prompter:
     def __init__(self, renderer: ChatRenderer, tokenizer: Tokenizer, block_size: int,
-                 memo_size: int = 4096) -> None:
+                 memo_tokens: int = 1 << 21) -> None:
         self.renderer = renderer
         self.tokenizer = tokenizer
         self.block_size = block_size
         self._memo: OrderedDict[bytes, Prompt] = OrderedDict()
-        self._memo_size = memo_size if "strftime_now" not in renderer.source else 0
+        self._memo_budget = memo_tokens if "strftime_now" not in renderer.source else 0
+        self._memo_used = 0
         self._piece_ids: dict[str, tuple[int, ...]] = {}
 
     def ids(self, job: Job) -> list[int]:
@@ -60,10 +62,11 @@ class Prompter:
         # The chained hashes already summarise the full blocks; only the tail needs hashing.
         tail = ids[len(hashes) * self.block_size:]
         out = Prompt(tuple(ids), tuple(hashes), prompt_seed(tail, hashes[-1] if hashes else 0))
-        if self._memo_size:
+        if len(ids) <= self._memo_budget:
             self._memo[key] = out
-            if len(self._memo) > self._memo_size:
-                self._memo.popitem(last=False)
+            self._memo_used += len(ids)
+            while self._memo_used > self._memo_budget:
+                self._memo_used -= len(self._memo.popitem(last=False)[1].ids)
         return out
 
     def reply_ids(self, pieces: list[str]) -> list[int]:
