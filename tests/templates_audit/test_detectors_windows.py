@@ -24,7 +24,8 @@ FRAGMENTS = [
     "user 1234577", "order #88812345", "982734650012", "alice@example.com", "a1@b.io",
     "sk-proj-abc123DEF456ghi789JKL012mno", "Knowledge cutoff:", "2023-10", "August 2023",
     "The current year is", "2026", "founded in", "claude-sonnet-4-20250514", "#ffffff",
-    "localhost:8080", "The user's name is Alice.", "x" * 70, "word " * 15,
+    "localhost:8080", "The user's name is Alice.", "x" * 70, "word " * 15, "@x.io",
+    "OS Version: Darwin", "24.6.0", "last updated on", "It is currently", "June",
 ]  # fmt: skip
 SEPARATORS = [" ", "\n", ", ", ": ", "", "\n\n", " - "]
 
