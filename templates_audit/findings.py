@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from templates_audit.detectors import Kind, classify, is_secret, scan
 
-__all__ = ["Span", "diff_spans", "line_spans"]
+__all__ = ["Span", "common_prefix", "common_suffix", "diff_spans", "line_spans"]
 
 _WORDS = re.compile(r"\w+|\s+|[^\w\s]")
 _JOINERS = frozenset("-_:.@+#'")  # characters that glue one value together ("2024-05-20", "a.b@c")
@@ -52,6 +52,19 @@ def diff_spans(ref: str, req: str) -> list[Span]:
     """Spans where ``req`` differs from ``ref`` (see the module docstring)."""
     if ref == req:
         return []
+    # Only the lines between the first and the last differing character need a diff.
+    p = common_prefix(ref, req)
+    s = common_suffix(ref, req, min(len(ref), len(req)) - p)
+    lo = ref.rfind("\n", 0, p) + 1
+    hi = ref.find("\n", len(ref) - s)
+    hi = len(ref) if hi < 0 else hi
+    tail = len(ref) - hi
+    return [Span(sp.ref_start + lo, sp.ref_end + lo, sp.start + lo, sp.end + lo, sp.kind,
+                 sp.multi_line)
+            for sp in _diff_lines(ref[lo:hi], req[lo:len(req) - tail])]
+
+
+def _diff_lines(ref: str, req: str) -> list[Span]:
     a = ref.split("\n")
     b = req.split("\n")
     a0 = _line_starts(a)
@@ -139,8 +152,8 @@ def line_spans(a: str, b: str) -> tuple[Span, ...]:
     """Spans of one differing line pair, offsets relative to the lines. Cached: per-day values
     repeat, so the same pair comes back many times."""
     if a.split() == b.split():
-        p = _common_prefix(a, b)
-        s = _common_suffix(a[p:], b[p:])
+        p = common_prefix(a, b)
+        s = common_suffix(a, b, min(len(a), len(b)) - p)
         return (Span(p, len(a) - s, p, len(b) - s, Kind.WHITESPACE.value),)
     ta = [m.span() for m in _WORDS.finditer(a)]
     tb = [m.span() for m in _WORDS.finditer(b)]
@@ -175,17 +188,25 @@ def line_spans(a: str, b: str) -> tuple[Span, ...]:
     return tuple(out)
 
 
-def _common_prefix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+def common_prefix(a: str, b: str) -> int:
+    """Length of the common prefix (binary search on slice equality: C-speed compares)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
-def _common_suffix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[-1 - i] == b[-1 - i]:
-        i += 1
-    return i
+def common_suffix(a: str, b: str, limit: int | None = None) -> int:
+    """Length of the common suffix, at most ``limit``."""
+    lo, hi = 0, min(len(a), len(b), len(a) if limit is None else limit)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[len(a) - mid:] == b[len(b) - mid:]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

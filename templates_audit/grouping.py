@@ -31,6 +31,7 @@ from collections.abc import Callable
 import xxhash
 
 from templates_audit.detectors import Kind, classify, scan
+from templates_audit.findings import common_prefix, common_suffix
 
 __all__ = ["LINE_SIMILARITY", "TemplateIndex", "mask_line"]
 
@@ -60,28 +61,6 @@ def mask_line(line: str) -> str:
 
 def _h(text: str) -> int:
     return xxhash.xxh3_64_intdigest(text.encode("utf-8", "surrogatepass"))
-
-
-def _common_prefix(a: str, b: str) -> int:
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:  # binary search on slice equality: C-speed comparisons
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def _common_suffix(a: str, b: str, limit: int) -> int:
-    lo, hi = 0, min(len(a), len(b), limit)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[len(a) - mid:] == b[len(b) - mid:]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def _value_like(before: str, value: str, after: str) -> bool:
@@ -159,8 +138,8 @@ class TemplateIndex:
                 return best[0]
             return None
         for tid, ref in self._short.get(model, ()):
-            p = _common_prefix(ref, text)
-            s = _common_suffix(ref, text, min(len(ref), len(text)) - p)
+            p = common_prefix(ref, text)
+            s = common_suffix(ref, text, min(len(ref), len(text)) - p)
             mid_ref, mid = ref[p:len(ref) - s], text[p:len(text) - s]
             if max(len(mid_ref), len(mid)) > MAX_SHORT_DIFF:
                 continue
