@@ -64,7 +64,7 @@ def _widen(before: str, value: str, after: str) -> tuple[str, str]:
 def _token_kind(token: str) -> Kind | None:
     if _WEEKDAY_OR_MONTH.fullmatch(token):
         return Kind.DATE
-    if token.isdigit():
+    if token.isascii() and token.isdigit():  # `'²'.isdigit()` is True, `int('²')` raises
         if len(token) == 4 and 1900 <= int(token) <= 2199:
             return Kind.DATE
         return Kind.NUMERIC_ID if len(token) >= 5 else Kind.OTHER

@@ -34,6 +34,7 @@ CASES = [
     ("id ", "99812345", "", Kind.NUMERIC_ID),
     ("order ", "12345", "", Kind.NUMERIC_ID),  # 5 digits after a cue
     ("The date is ", "{{currentDateTime}}", ".", Kind.OTHER),  # a template slot is constant text
+    ("x ", "²²²²", " y", Kind.OTHER),  # Unicode digits: no int() on them, no exception
 ]
 
 
