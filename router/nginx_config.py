@@ -1,7 +1,7 @@
 """Render an nginx config that routes exactly like the router with ``routing.ring: nginx``.
 
 ``render(settings)`` maps the router's settings onto :class:`NginxOptions` and renders
-``nginx/prefix-router.conf.j2``; ``render_config(replicas, options)`` is the same without a
+``router/templates/nginx.conf.j2`` (also at ``nginx/prefix-router.conf.j2``); ``render_config(replicas, options)`` is the same without a
 ``Settings`` object. Output is either a conf.d snippet (``map`` + ``upstream`` + ``server``, to
 include inside ``http {}``) or, with ``standalone=True``, a whole nginx.conf whose relative paths
 live under nginx's ``-p`` prefix (tests, demos).
@@ -29,7 +29,8 @@ from router.settings import Settings
 
 __all__ = ["TEMPLATE_PATH", "NginxOptions", "UpstreamServer", "render", "render_config"]
 
-TEMPLATE_PATH = Path(__file__).resolve().parent.parent / "nginx" / "prefix-router.conf.j2"
+# Shipped inside the package (wheel-safe); nginx/prefix-router.conf.j2 is a symlink to it.
+TEMPLATE_PATH = Path(__file__).resolve().parent / "templates" / "nginx.conf.j2"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 _HEADER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")

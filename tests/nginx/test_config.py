@@ -11,7 +11,7 @@ from router.nginx_config import TEMPLATE_PATH, NginxOptions, render, render_conf
 from router.settings import Settings, load_settings
 from tests.nginx.harness import check_config
 
-NGINX_DIR = TEMPLATE_PATH.parent
+NGINX_DIR = Path(__file__).resolve().parents[2] / "nginx"
 REPLICAS = [("r1", "http://127.0.0.1:8102", 2), ("r0", "http://127.0.0.1:8101", 1),
             ("r2", "http://[::1]:8103", 1)]
 
@@ -133,3 +133,9 @@ def test_invalid_input_is_rejected(replicas: list[tuple[str, str, int]], options
                                    message: str) -> None:
     with pytest.raises(ValueError, match=message):
         render_config(replicas, options)
+
+
+def test_template_ships_in_the_package_and_nginx_dir_points_at_it() -> None:
+    assert TEMPLATE_PATH.is_file()
+    assert TEMPLATE_PATH.parent.parent.name == "router"  # package data: in the wheel too
+    assert (NGINX_DIR / "prefix-router.conf.j2").resolve() == TEMPLATE_PATH
