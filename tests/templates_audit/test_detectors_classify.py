@@ -49,13 +49,13 @@ _chars = st.one_of(st.characters(), st.sampled_from(list("0123456789²٣:-/.@ Tx
 _texts = st.text(alphabet=_chars, max_size=80)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(_texts, _texts, _texts)
 def test_classify_never_raises(before: str, value: str, after: str) -> None:
     assert isinstance(classify(before, value, after), Kind)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.text(alphabet=_chars, max_size=300))
 def test_scan_and_first_volatile_accept_any_text(text: str) -> None:
     for m in scan(text):
