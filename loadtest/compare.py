@@ -1,0 +1,236 @@
+"""`prefix-loadtest compare`: the same traffic through several routing setups, side by side.
+
+For every workload and every setup, in that order:
+
+1. start a fresh simulated fleet (``loadtest.fleet.Fleet``, same parameters every time) so each
+   setup begins with cold caches and zeroed counters;
+2. start the setup (``loadtest.setups.launch``) in front of it;
+3. drive the *same* request list (same workload, same seed, same arrival times) through it with
+   the runner, scraping every replica before and after;
+4. stop the setup, then the fleet (by PID).
+
+A setup whose software is missing is skipped with its reason; one that fails to start or crashes
+is reported as failed and the comparison goes on. Output: a markdown table per workload
+(`loadtest.report.compare_markdown`), JSON (summaries plus the raw TTFT samples the CDF plots
+need) and, with ``--plots DIR``, PNGs (`loadtest.plots`).
+
+Fleet defaults (`FleetParams`) make the KV cache a constrained resource, as on a real GPU: 768
+blocks of 16 tokens = 12,288 tokens per replica, while the shared-prefix workload's 8 system
+prompts total ~20k tokens - one replica cannot keep them all, 4 replicas with prefix affinity
+can. The timing model (10 ms/step + 100 µs per uncached prompt token + 250 µs per running
+sequence) makes a miss on a 3k-token prompt cost ~0.3 s of prefill, so misses show in TTFT.
+
+Cost: per (workload, setup) one fleet start (~1-2 s), one setup start (1-5 s) and the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from loadtest.fleet import Fleet, FleetError
+from loadtest.runner import Plan, RunResult, add_workload_arguments, run, workload_spec
+from loadtest.setups import Setup, SetupError, launch, parse_setup, tiny_tokenizer_dir
+from loadtest.workloads import Request, generate
+
+__all__ = ["DEFAULT_SETUPS", "FleetParams", "add_arguments", "compare", "machine_info", "main"]
+
+DEFAULT_SETUPS = ("router-prefix", "router-round_robin", "router-least_loaded", "nginx",
+                  "sglang-cache_aware", "sglang-round_robin", "vllm-consistent_hash",
+                  "vllm-cache_aware")
+
+
+@dataclass(frozen=True)
+class FleetParams:
+    replicas: int = 4
+    kv_blocks: int = 768
+    block_size: int = 16
+    max_num_seqs: int = 64
+    speed: float = 1.0
+    step_ms: float = 10.0
+    prefill_us_per_token: float = 100.0
+    decode_us_per_seq: float = 250.0
+
+    def replica_options(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("replicas")
+        return d
+
+
+def machine_info() -> dict[str, Any]:
+    import os
+
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "nproc": os.cpu_count(), "cpu": cpu, "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {}
+    for pkg in ("sglang-router", "vllm-router", "aiohttp", "uvicorn"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+Log = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_setup(setup: Setup, requests: Sequence[Request], plan: Plan, fleet_params: FleetParams,
+              workdir: Path, tokenizer_dir: Path, workload_meta: dict[str, Any]) -> RunResult:
+    """One cold fleet, one setup, one run; everything it started is stopped before it returns."""
+    fleet = Fleet(replicas=fleet_params.replicas, model_path=str(tokenizer_dir),
+                  log_dir=str(workdir / "fleet"), **fleet_params.replica_options())
+    fleet.start()
+    try:
+        replicas = list(zip(fleet.names, fleet.urls, strict=True))
+        with launch(setup, replicas, workdir) as launched:
+            p = Plan(launched.url, rate=plan.rate, concurrency=plan.concurrency,
+                     duration=plan.duration, max_requests=plan.max_requests,
+                     max_time=plan.max_time, request_timeout=plan.request_timeout,
+                     stream=plan.stream, prefix_hash_header=setup.prefix_hash_header,
+                     replica_urls=tuple(fleet.urls), progress_label=setup.name)
+            return run(p, requests, workload_meta)
+    finally:
+        fleet.stop()
+
+
+def compare(workloads: dict[str, tuple[list[Request], dict[str, Any]]], setups: Sequence[Setup],
+            plan: Plan, fleet_params: FleetParams, workdir: Path, log: Log = _stderr,
+            keep_outcomes: bool = False) -> dict[str, Any]:
+    """Run every setup on every workload; returns the JSON-shaped results."""
+    tokenizer_dir = tiny_tokenizer_dir(workdir / "tokenizer")
+    out: dict[str, Any] = {"machine": machine_info(), "versions": _versions(),
+                           "fleet": asdict(fleet_params),
+                           "plan": {"rate": plan.rate, "concurrency": plan.concurrency,
+                                    "duration": plan.duration, "max_requests": plan.max_requests,
+                                    "max_time": plan.max_time, "stream": plan.stream},
+                           "workloads": {}}
+    for wl_name, (requests, meta) in workloads.items():
+        block: dict[str, Any] = {"workload": meta, "setups": {}, "ttft": {}, "per_replica": {},
+                                 "skipped": {}, "failed": {}}
+        out["workloads"][wl_name] = block
+        for setup in setups:
+            reason = setup.unavailable()
+            if reason:
+                block["skipped"][setup.name] = reason
+                log(f"[{wl_name}] {setup.name}: skipped ({reason})")
+                continue
+            t = time.monotonic()
+            try:
+                result = run_setup(setup, requests, plan, fleet_params,
+                                   workdir / wl_name / setup.name, tokenizer_dir, meta)
+            except (SetupError, FleetError, OSError) as exc:
+                block["failed"][setup.name] = str(exc).splitlines()[0][:300]
+                log(f"[{wl_name}] {setup.name}: FAILED {exc}")
+                continue
+            data = result.to_json(outcomes=keep_outcomes)
+            s = data["summary"]
+            block["setups"][setup.name] = s
+            block["ttft"][setup.name] = sorted(o.ttft for o in result.outcomes
+                                               if o.ok and o.ttft is not None)
+            if keep_outcomes:
+                block.setdefault("outcomes", {})[setup.name] = data["outcomes"]
+            log(f"[{wl_name}] {setup.name}: hit {_f(s['hit_rate'])} ttft p50 {_f(s['ttft']['p50'])}"
+                f" p99 {_f(s['ttft']['p99'])} max/mean {_f(s['load_max_over_mean'])} errors "
+                f"{s['error_count']} ({time.monotonic() - t:.0f}s)")
+    return out
+
+
+def _f(v: Any) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+# -- CLI -------------------------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", action="append", required=True,
+                   help="workload name or JSONL file (repeatable)")
+    p.add_argument("--setup", action="append", default=None,
+                   help=f"setup to compare (repeatable; default: {', '.join(DEFAULT_SETUPS)})")
+    p.add_argument("--requests", type=int, default=200, help="requests per workload")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--rate", type=float, default=None, help="open loop arrivals/s (default 12)")
+    load.add_argument("--concurrency", type=int, default=None, help="closed loop workers")
+    p.add_argument("--max-time", type=float, default=120.0, help="hard deadline per run (s)")
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True)
+    fp = FleetParams()
+    g = p.add_argument_group("fleet (restarted cold for every setup)")
+    g.add_argument("--replicas", type=int, default=fp.replicas)
+    g.add_argument("--kv-blocks", type=int, default=fp.kv_blocks)
+    g.add_argument("--max-num-seqs", type=int, default=fp.max_num_seqs)
+    g.add_argument("--speed", type=float, default=fp.speed)
+    p.add_argument("--out", help="JSON results")
+    p.add_argument("--markdown", help="markdown tables (default: stdout)")
+    p.add_argument("--plots", help="directory for PNG plots")
+    p.add_argument("--workdir", help="logs and configs (default: a temp dir)")
+    add_workload_arguments(p)
+
+
+def build_workloads(args: argparse.Namespace, names: Sequence[str], requests: int, rate: float,
+                    stream: bool) -> dict[str, tuple[list[Request], dict[str, Any]]]:
+    out = {}
+    for name in names:
+        spec = workload_spec(args, name, requests, rate, stream)
+        reqs = generate(spec)
+        meta = {"name": name, "requests": len(reqs), "seed": spec.seed}
+        if name == "mooncake":
+            meta["max_output_tokens"] = spec.max_output_tokens
+        else:
+            meta.update(prompts=spec.prompts, max_tokens=spec.max_tokens)
+        out[name] = (reqs, meta)
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    from loadtest.report import compare_markdown
+
+    try:
+        setups = [parse_setup(s) for s in (args.setup or DEFAULT_SETUPS)]
+        rate = args.rate if args.rate is not None or args.concurrency else 12.0
+        plan = Plan("http://unused", rate=rate, concurrency=args.concurrency,
+                    max_requests=args.requests, max_time=args.max_time, stream=args.stream)
+        workloads = build_workloads(args, args.workload, args.requests, rate or 12.0, args.stream)
+    except (ValueError, OSError) as exc:
+        print(f"prefix-loadtest compare: {exc}", file=sys.stderr)
+        return 2
+    params = FleetParams(replicas=args.replicas, kv_blocks=args.kv_blocks,
+                         max_num_seqs=args.max_num_seqs, speed=args.speed)
+    with tempfile.TemporaryDirectory(prefix="compare-") as tmp:
+        results = compare(workloads, setups, plan, params, Path(args.workdir or tmp))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    if args.plots:
+        from loadtest.plots import compare_plots
+
+        compare_plots(results, Path(args.plots))
+    md = compare_markdown(results)
+    if args.markdown:
+        Path(args.markdown).write_text(md)
+    else:
+        print(md)
+    return 0

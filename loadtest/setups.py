@@ -1,0 +1,314 @@
+"""How to start each routing setup in front of a fleet, as a child process managed by PID.
+
+A `Setup` names one way to route (``router-prefix``, ``nginx``, ``sglang-cache_aware``, ...);
+`launch(setup, replicas, workdir)` starts it on a free 127.0.0.1 port, waits until it can route
+(not merely until it listens) and returns a `Launched` handle whose ``stop()`` sends SIGTERM to
+the PID it started, waits, then SIGKILLs. Every listener binds 127.0.0.1 only.
+
+* ``router-<policy>``: ``python -m router serve --config router.yaml`` with static replicas,
+  access log off, log level warning; ready when ``GET /ready`` is 200.
+* ``nginx``: ``router.nginx_config.render(settings, listen=..., standalone=True)`` with
+  ``routing.ring: nginx``; clients must send ``X-Prefix-Hash`` (``prefix_hash_header``); ready
+  when the port answers.
+* ``sglang-<policy>``: ``python -m sglang_router.launch_router``; it answers ``/health`` before
+  its workers are registered, so ready = ``GET /workers`` lists every replica. Its tokenizer
+  comes from the ``model_path`` each worker's ``/server_info`` reports (start the fleet with
+  ``--model-path`` = `tiny_tokenizer_dir`).
+* ``vllm-<policy>``: the ``vllm-router`` binary; same readiness rule.
+* ``direct``: no router, the first replica (overhead baseline).
+
+The Rust routers log every request at INFO; they run with ``--log-level warn`` and
+``RUST_LOG=warn`` and their output goes to a log file in ``workdir``. Process CPU time
+(`cpu_seconds`) sums utime+stime of the PID and its descendants (nginx workers) from /proc.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "KEY_HEADER",
+    "Launched",
+    "Setup",
+    "SetupError",
+    "cpu_seconds",
+    "free_port",
+    "launch",
+    "parse_setup",
+    "tiny_tokenizer_dir",
+]
+
+KEY_HEADER = "X-Prefix-Hash"
+KINDS = ("router", "nginx", "sglang", "vllm", "direct")
+Replica = tuple[str, str]  # (name, url)
+
+
+class SetupError(RuntimeError):
+    """A setup did not come up; the message carries the tail of its log."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    kind: str
+    policy: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"setup kind: expected one of {KINDS}, got {self.kind!r}")
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}-{self.policy}" if self.policy else self.kind
+
+    @property
+    def prefix_hash_header(self) -> str | None:
+        return KEY_HEADER if self.kind == "nginx" else None
+
+    def unavailable(self) -> str | None:
+        """Why this setup cannot run here, or None."""
+        if self.kind == "nginx" and _nginx_binary() is None:
+            return "nginx is not installed"
+        if self.kind == "sglang" and importlib.util.find_spec("sglang_router") is None:
+            return "sglang-router is not installed (pip install 'prefix-router[compare]')"
+        if self.kind == "vllm" and shutil.which("vllm-router") is None:
+            return "vllm-router is not installed (pip install 'prefix-router[compare]')"
+        return None
+
+
+def parse_setup(text: str) -> Setup:
+    """``router-prefix`` / ``nginx`` / ``sglang-cache_aware`` / ``vllm-consistent_hash``."""
+    kind, _, policy = text.partition("-")
+    return Setup(kind, policy)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _nginx_binary() -> str | None:
+    return shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx")
+                                     else None)
+
+
+# -- process handle --------------------------------------------------------------------------------
+class Launched:
+    def __init__(self, setup: Setup, url: str, proc: subprocess.Popen[bytes] | None,
+                 log: Path | None) -> None:
+        self.setup, self.url, self.proc, self.log = setup, url, proc, log
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def tail(self, lines: int = 15) -> str:
+        if self.log is None:
+            return ""
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, grace: float = 5.0) -> None:
+        p = self.proc
+        if p is None or p.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
+
+    def __enter__(self) -> Launched:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime+stime of ``pid`` and all its live descendants, in seconds (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # the command name may contain spaces and parentheses: fields start after the last ')'
+        fields = stat[stat.rindex(b")") + 2:].split()
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    total, stack = 0.0, [pid]
+    while stack:
+        p = stack.pop()
+        total += times.get(p, 0.0)
+        stack.extend(c for c, pp in parents.items() if pp == p)
+    return total
+
+
+# -- launching -------------------------------------------------------------------------------------
+def _spawn(argv: Sequence[str], log: Path, env: dict[str, str] | None = None,
+           cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as fh:
+        return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=fh, stderr=fh,
+                                start_new_session=True, env=env, cwd=cwd)
+
+
+def _get(url: str, timeout: float = 1.0) -> tuple[int, bytes] | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status), resp.read()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), b""
+    except (OSError, urllib.error.URLError):
+        return None
+
+
+def _wait(launched: Launched, ready: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert callable(ready)
+        if ready():
+            return
+        if launched.proc is not None and launched.proc.poll() is not None:
+            raise SetupError(f"{launched.setup.name} exited with {launched.proc.returncode}:\n"
+                             f"{launched.tail()}")
+        if time.monotonic() > deadline:
+            launched.stop()
+            raise SetupError(f"{launched.setup.name} not ready after {timeout:g}s:\n"
+                             f"{launched.tail()}")
+        time.sleep(0.1)
+
+
+def _router_settings(replicas: Sequence[Replica], policy: str, ring: str, port: int) -> dict[str, object]:
+    return {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "replicas": [{"name": n, "url": u} for n, u in replicas],
+        "routing": {"policy": policy, "ring": ring},
+        "logging": {"level": "warning", "access_log": False},
+    }
+
+
+def _launch_router(setup: Setup, replicas: Sequence[Replica], workdir: Path, port: int,
+                   log: Path) -> Launched:
+    import yaml
+
+    conf = workdir / f"{setup.name}.yaml"
+    conf.write_text(yaml.safe_dump(_router_settings(replicas, setup.policy or "prefix",
+                                                    "xxhash", port)))
+    proc = _spawn([sys.executable, "-m", "router", "serve", "--config", str(conf)], log)
+    launched = Launched(setup, f"http://127.0.0.1:{port}", proc, log)
+    _wait(launched, lambda: (_get(f"{launched.url}/ready") or (0, b""))[0] == 200, 30.0)
+    return launched
+
+
+def _launch_nginx(setup: Setup, replicas: Sequence[Replica], workdir: Path, port: int,
+                  log: Path) -> Launched:
+    from router.nginx_config import render
+    from router.settings import Settings
+
+    settings = Settings.from_dict(_router_settings(replicas, "prefix", "nginx", port))
+    prefix = workdir / "nginx"
+    prefix.mkdir(parents=True, exist_ok=True)
+    conf = prefix / "nginx.conf"
+    conf.write_text(render(settings, listen=f"127.0.0.1:{port}", standalone=True))
+    binary = _nginx_binary()
+    assert binary is not None
+    # as root the master would hand workers to `nobody`, who may not read a private temp dir
+    globals_ = "daemon off;" + (" user root;" if os.geteuid() == 0 else "")
+    proc = _spawn([binary, "-p", str(prefix), "-c", str(conf), "-e", str(prefix / "error.log"),
+                   "-g", globals_], log)
+    launched = Launched(setup, f"http://127.0.0.1:{port}", proc, log)
+    _wait(launched, lambda: _get(f"{launched.url}/") is not None, 15.0)
+    return launched
+
+
+def _workers_ready(url: str, n: int) -> bool:
+    got = _get(f"{url}/workers")
+    if got is None or got[0] != 200:
+        return False
+    try:
+        workers = json.loads(got[1]).get("workers", [])
+    except ValueError:
+        return False
+    return len(workers) >= n and all(w.get("is_healthy", True) for w in workers)
+
+
+def _launch_rust(setup: Setup, replicas: Sequence[Replica], workdir: Path, port: int,
+                 log: Path) -> Launched:
+    if setup.kind == "sglang":
+        argv = [sys.executable, "-m", "sglang_router.launch_router", "--log-level", "warn"]
+    else:
+        binary = shutil.which("vllm-router")
+        assert binary is not None
+        argv = [binary, "--log-level", "warning"]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
+             "--prometheus-port", str(free_port()), "--policy", setup.policy or "cache_aware",
+             "--worker-urls", *[u for _, u in replicas]]
+    env = {**os.environ, "RUST_LOG": "warn"}
+    proc = _spawn(argv, log, env=env, cwd=workdir)
+    launched = Launched(setup, f"http://127.0.0.1:{port}", proc, log)
+    _wait(launched, lambda: _workers_ready(launched.url, len(replicas)), 60.0)
+    return launched
+
+
+def launch(setup: Setup, replicas: Sequence[Replica], workdir: Path,
+           port: int | None = None) -> Launched:
+    """Start ``setup`` in front of ``replicas`` and return once it routes."""
+    reason = setup.unavailable()
+    if reason:
+        raise SetupError(f"{setup.name}: {reason}")
+    workdir.mkdir(parents=True, exist_ok=True)
+    if setup.kind == "direct":
+        return Launched(setup, replicas[0][1], None, None)
+    port = port or free_port()
+    log = workdir / f"{setup.name}.log"
+    if setup.kind == "router":
+        return _launch_router(setup, replicas, workdir, port, log)
+    if setup.kind == "nginx":
+        return _launch_nginx(setup, replicas, workdir, port, log)
+    return _launch_rust(setup, replicas, workdir, port, log)
+
+
+def tiny_tokenizer_dir(path: Path) -> Path:
+    """A HF tokenizer directory (tokenizer.json + tokenizer_config.json) for sglang-router.
+
+    A word-level vocabulary of a few common words: sglang-router only needs a tokenizer it can
+    load from each worker's ``model_path``; the replicas keep counting tokens their own way.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = {"[UNK]": 0}
+    for w in "the of and to in is you that it for are as with be on not this but by".split():
+        vocab.setdefault(w, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()  # type: ignore[assignment]
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 32768,
+        "unk_token": "[UNK]"}))
+    return path
