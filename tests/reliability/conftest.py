@@ -1,0 +1,269 @@
+"""Harness for the reliability suites: a router *process*, simulated fleets, probes of both.
+
+Everything runs on 127.0.0.1 with kernel-assigned ports. A router under test is started as
+``python -m router serve --config FILE`` (its own process, so it can be SIGKILLed, SIGTERMed, its
+RSS read and its sockets counted from /proc) and stopped by PID. Fleets are `loadtest.fleet.Fleet`
+(one process per simulated replica).
+
+Measurements: tests call ``measure(scenario, **values)``; when ``RELIABILITY_RESULTS`` names a
+file, the session writes every measurement there as JSON (`scripts/reliability_report.py` turns it
+into docs/reliability.md). ``RELIABILITY_SCALE`` (default 1) multiplies the counts of the load
+loops through `scaled()`, so the report runs the very same assertions at larger sizes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadtest.fleet import Fleet
+from tests.conftest import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+SCALE = float(os.environ.get("RELIABILITY_SCALE", "1"))
+_RESULTS: dict[str, dict[str, Any]] = {}
+
+# Router settings for tests: short health intervals so ejection/readmission take ~a second.
+FAST_HEALTH = {"interval": 0.25, "timeout": 0.5, "eject_after": 2, "readmit_backoff": 0.25,
+               "readmit_backoff_max": 1.0}
+
+
+def scaled(n: int) -> int:
+    return max(1, round(n * SCALE))
+
+
+# -- measurements ----------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def measure() -> Iterator[Callable[..., None]]:
+    def record(scenario: str, **values: Any) -> None:
+        _RESULTS.setdefault(scenario, {}).update(values)
+
+    yield record
+    out = os.environ.get("RELIABILITY_RESULTS")
+    if out:
+        previous: dict[str, Any] = {}
+        with contextlib.suppress(OSError, ValueError):
+            previous = json.loads(Path(out).read_text())
+        previous.update(_RESULTS)
+        Path(out).write_text(json.dumps(previous, indent=2, sort_keys=True))
+
+
+# -- /proc probes ----------------------------------------------------------------------------------
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    return inodes
+
+
+@dataclass(frozen=True)
+class TcpSocket:
+    local_port: int
+    remote_port: int
+    state: str
+
+
+def established(pid: int, *, local_port: int | None = None,
+                remote_ports: frozenset[int] | None = None) -> list[TcpSocket]:
+    """ESTABLISHED TCP sockets owned by `pid`, read from /proc (no psutil): the netns-wide
+    tables /proc/<pid>/net/tcp{,6} joined with the socket inodes in /proc/<pid>/fd."""
+    mine = _socket_inodes(pid)
+    out = []
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(FileNotFoundError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                cols = line.split()
+                if cols[3] != "01" or cols[9] not in mine:  # 01 = TCP_ESTABLISHED
+                    continue
+                lport = int(cols[1].rsplit(":", 1)[1], 16)
+                rport = int(cols[2].rsplit(":", 1)[1], 16)
+                if local_port is not None and lport != local_port:
+                    continue
+                if remote_ports is not None and rport not in remote_ports:
+                    continue
+                out.append(TcpSocket(lport, rport, cols[3]))
+    return out
+
+
+# -- metrics ---------------------------------------------------------------------------------------
+def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
+    return [(s.name, dict(s.labels), s.value)
+            for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+
+def metric(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:
+    return sum(v for n, lab, v in samples
+               if n == name and all(lab.get(k) == want for k, want in labels.items()))
+
+
+# -- the router process ----------------------------------------------------------------------------
+def router_config(urls: list[str], names: list[str] | None = None,
+                  **sections: dict[str, Any]) -> dict[str, Any]:
+    names = names or [f"sim-{i}" for i in range(len(urls))]
+    cfg: dict[str, Any] = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "replicas": [{"name": n, "url": u} for n, u in zip(names, urls, strict=True)],
+        "health": dict(FAST_HEALTH),
+        "scrape": {"interval": 0.25, "enabled": False},
+        "proxy": {"connect_timeout": 0.5, "first_byte_timeout": 5.0, "idle_timeout": 1.0,
+                  "max_attempts": 3},
+        "logging": {"level": "info", "access_log": False},
+        "shutdown": {"grace_period": 5.0},
+    }
+    for key, value in sections.items():
+        cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
+    return cfg
+
+
+@dataclass
+class RouterProcess:
+    config: dict[str, Any]
+    workdir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self.config["listen"]["port"])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        admin = self.config.get("admin") or {}
+        port = admin.get("port") or self.port
+        return f"http://{admin.get('host') or '127.0.0.1'}:{port}/metrics"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def stdout_path(self) -> Path:
+        return self.workdir / "router.stdout"
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.workdir / "router.stderr"
+
+    def output(self) -> str:
+        return (self.stdout_path.read_text(errors="replace")
+                + self.stderr_path.read_text(errors="replace"))
+
+    def start(self, timeout: float = 20.0) -> RouterProcess:
+        path = self.workdir / "router.yaml"
+        path.write_text(yaml.safe_dump(self.config))
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "router", "serve", "--config", str(path)],
+                cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"router exited with {self.proc.returncode}:\n{self.output()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/health", timeout=0.5).status_code == 200:
+                    return self
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"router not up after {timeout}s:\n{self.output()}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        return self.proc.returncode
+
+    def rss_kib(self) -> int:
+        return rss_kib(self.pid)
+
+    def samples(self) -> list[tuple[str, dict[str, str], float]]:
+        return parse_metrics(httpx.get(self.metrics_url, timeout=5).text)
+
+    def healthy(self, replica: str) -> bool:
+        return metric(self.samples(), "prefix_router_replica_healthy", replica=replica) == 1
+
+
+@pytest.fixture
+def start_router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., RouterProcess]]:
+    started: list[RouterProcess] = []
+
+    def start(config: dict[str, Any], env: dict[str, str] | None = None) -> RouterProcess:
+        r = RouterProcess(config, tmp_path_factory.mktemp("router"), env or {})
+        started.append(r)
+        return r.start()
+
+    yield start
+    for r in reversed(started):
+        r.stop()
+
+
+@pytest.fixture
+def start_fleet() -> Iterator[Callable[..., Fleet]]:
+    started: list[Fleet] = []
+
+    def start(replicas: int, **options: Any) -> Fleet:
+        fleet = Fleet(replicas=replicas, **options)
+        started.append(fleet)
+        return fleet.start()
+
+    yield start
+    for fleet in reversed(started):
+        for i in range(len(fleet)):
+            if fleet.alive(i):
+                # a SIGSTOPped replica would ignore the fleet's SIGTERM until its grace ran out
+                with contextlib.suppress(ProcessLookupError):
+                    pid = fleet.pids[i]
+                    if pid is not None:
+                        os.kill(pid, signal.SIGCONT)
+        fleet.stop()
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str,
+               interval: float = 0.02) -> float:
+    """Seconds until `check()` held; AssertionError after `timeout`."""
+    t0 = time.monotonic()
+    while True:
+        with contextlib.suppress(httpx.HTTPError, OSError):
+            if check():
+                return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
