@@ -174,6 +174,8 @@ class Fleet:
             for m in live:
                 with contextlib.suppress(ProcessLookupError):
                     m.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+                    # a SIGSTOPped replica (chaos tests) handles the TERM only once continued
+                    m.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
             deadline = time.monotonic() + self.stop_timeout
             for m in live:
                 assert m.proc is not None
@@ -193,6 +195,8 @@ class Fleet:
         if m.proc is None or m.proc.poll() is not None:
             return
         m.proc.send_signal(sig)
+        if sig == signal.SIGTERM:
+            m.proc.send_signal(signal.SIGCONT)
         if sig in (signal.SIGKILL, signal.SIGTERM):
             try:
                 m.proc.wait(timeout=self.stop_timeout)

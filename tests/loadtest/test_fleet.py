@@ -127,3 +127,16 @@ def test_help_lists_every_subcommand_without_importing_them(
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert all(name in out for name in cli.SUBCOMMANDS)
+
+
+def test_stop_also_ends_a_sigstopped_replica() -> None:
+    fleet = Fleet(replicas=1, speed=50.0, stop_timeout=10.0).start()
+    pid = fleet.pids[0]
+    assert pid is not None
+    fleet.kill(0, signal.SIGSTOP)
+    assert fleet.alive(0)
+    t0 = time.monotonic()
+    fleet.stop()
+    assert not pid_alive(pid)
+    assert fleet.returncode(0) == -signal.SIGTERM   # uvicorn re-raises TERM after a clean stop
+    assert time.monotonic() - t0 < 9         # did not sit out the whole grace period

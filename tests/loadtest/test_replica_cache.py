@@ -150,3 +150,18 @@ def test_replicas_in_one_process_have_separate_registries(sim: Callable[..., Sim
     a.complete(ids(0, 20))
     assert a.metrics()["sim:requests_total"] == 1
     assert b.metrics()["sim:requests_total"] == 0
+
+
+def test_preemption_when_decode_runs_out_of_blocks_is_counted(sim: Callable[..., Sim]) -> None:
+    import threading
+
+    s = sim(kv_blocks=12, speed=200.0)
+    threads = [threading.Thread(target=s.complete, args=(ids(k * 1000, 60), 60)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    m = s.metrics()
+    assert m["vllm:num_preemptions_total"] >= 1     # 2 x 8 blocks needed, 12 available
+    assert m["vllm:generation_tokens_total"] >= 120
+    assert m["vllm:request_success_total"] == 2
