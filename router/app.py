@@ -3,7 +3,8 @@
 Request path (plain ASGI, no middleware stack):
 
     /v1/*   auth -> in-flight cap (429) -> read body (413) -> validate (400) -> keys.derive ->
-            policy.choose -> proxy.Forwarder.forward (retry before first byte, relay, disconnect)
+            policy.choose -> conversation affinity -> proxy.Forwarder.forward (retry before
+            first byte, relay, disconnect)
             GET /v1/models is answered here: union over available replicas, deduplicated by id
     /health 200 while the process runs        /ready 200 with >= 1 available replica, else 503
     /metrics Prometheus text (on the admin listener instead when `admin.port` is set)
@@ -32,7 +33,8 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -52,11 +54,11 @@ from router.errors import (
     error_body,
 )
 from router.health import HealthMonitor
-from router.keys import KeyConfig, derive
+from router.keys import KeyConfig, RoutingKey, derive
 from router.metrics import RouterMetrics
-from router.policy import Branch, make_policy
+from router.policy import Branch, Decision, load_cap, make_policy
 from router.proxy import Forwarder, Receive, Scope, Send, Upstream, make_session
-from router.replicas import EndpointLike, ReplicaSet
+from router.replicas import EndpointLike, ReplicaSet, ReplicaState
 from router.settings import RoutingSettings, Settings, settings_from_env
 
 log = logging.getLogger("prefix_router")
@@ -81,6 +83,45 @@ _TEXT = [(b"content-type", b"text/plain; charset=utf-8")]
 def key_config(r: RoutingSettings) -> KeyConfig:
     return KeyConfig(min_prefix_chars=r.min_prefix_chars, max_prefix_chars=r.max_prefix_chars,
                      key_header=r.key_header, session_header=r.session_header)
+
+
+class ConversationAffinity:
+    """Keeps a conversation of a shared (hot) prefix on the replica that served its last turn.
+
+    The policy is stateless: once a hot prefix spills, a conversation's next turn goes to the
+    first replica under the bounded-load cap in its own preference order, which changes as the
+    loads move, so its history (the longest cached prefix it has) is often left behind. This
+    remembers, per process, where each conversation last went (bounded LRU) and sends the next
+    turn there whenever that replica is available and under the same cap the policy enforces, so
+    the load bound holds unchanged. Cost: O(N) for the cap, one dict move per request.
+    """
+
+    def __init__(self, load_factor: float, size: int = 65536) -> None:
+        self.load_factor = load_factor
+        self.size = size
+        self._last: OrderedDict[str, str] = OrderedDict()
+
+    def apply(self, key: RoutingKey, decision: Decision,
+              states: Sequence[ReplicaState]) -> Decision:
+        conv = key.conversation
+        if conv is None or key.prefix is None:
+            return decision  # ring placement by conversation is already stable
+        last = self._last.get(conv)
+        if last is not None and last != decision.replica:
+            available = [s for s in states if s.available]
+            prev = next((s for s in available if s.name == last), None)
+            if prev is not None:
+                total = sum(s.load() for s in available)
+                weight = sum(max(s.weight, 1) for s in available)
+                if prev.load() < load_cap(total, max(prev.weight, 1), weight, self.load_factor):
+                    decision = Decision(last, Branch.CONVERSATION,
+                                        (last, *(c for c in decision.candidates if c != last)),
+                                        decision.home)
+        self._last[conv] = decision.replica
+        self._last.move_to_end(conv)
+        if len(self._last) > self.size:
+            self._last.popitem(last=False)
+        return decision
 
 
 class ClientGone(Exception):
@@ -172,6 +213,7 @@ class RouterApp:
         self.metrics = RouterMetrics()
         self.replicas = ReplicaSet((), ring_kind=r.ring, vnodes=r.virtual_nodes)
         self.policy = make_policy(r.policy, r.load_factor)
+        self.affinity = ConversationAffinity(r.load_factor) if r.policy == "prefix" else None
         self.key_config = key_config(r)
         self._key_headers = (self.key_config.key_header.encode(),
                              self.key_config.session_header.encode())
@@ -359,9 +401,12 @@ class RouterApp:
                        if n == key_hdr or n == session_hdr}
         key = derive(path, key_headers, parsed, self.key_config)
         self._seq += 1
-        decision = self.policy.choose(key, self.replicas.states(), self.replicas.ring, self._seq)
+        states = self.replicas.states()
+        decision = self.policy.choose(key, states, self.replicas.ring, self._seq)
         if decision is None:
             raise NoReplicaAvailable("no healthy replica", retry_after=self._retry_after())
+        if self.affinity is not None:
+            decision = self.affinity.apply(key, decision, states)
         record.branch = decision.branch.value
         record.key_source = key.source.value
         if decision.branch is Branch.SPILL:

@@ -10,7 +10,8 @@ Tree:
       TooManyRequests       429      proxy.max_in_flight reached (Retry-After)
       NoReplicaAvailable    503      nothing healthy to send to (Retry-After)
       UpstreamError         502      a replica failed; `reason` is the metric label
-        UpstreamConnectError         could not connect / connection reset before a response
+        UpstreamConnectError         connect failed, or the connection broke (refused, reset,
+                                     closed); before any byte was relayed this is retryable
         UpstreamTimeout     504      first byte or idle timeout
 
 `translate_upstream()` maps aiohttp/asyncio/OS exceptions to the `UpstreamError` family
@@ -124,8 +125,8 @@ def translate_upstream(replica: str, phase: str) -> Iterator[None]:
         raise
     except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         raise UpstreamTimeout(f"replica {replica} timed out ({phase})") from exc
-    except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
-            ConnectionResetError, ConnectionRefusedError) as exc:
+    except (aiohttp.ClientConnectionError, ConnectionError) as exc:
+        # connection refused/reset/closed: the replica never produced a response we relayed
         raise UpstreamConnectError(f"replica {replica} unreachable ({phase})") from exc
     except (aiohttp.ClientError, OSError) as exc:
         raise UpstreamError(f"replica {replica} failed ({phase}: {type(exc).__name__})") from exc

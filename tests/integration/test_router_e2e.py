@@ -1,0 +1,177 @@
+"""End to end: the official openai client -> real uvicorn router -> real replica servers.
+
+Fake replicas (tests/integration/conftest.py) answer with their own name, so the content of a
+completion says where it was served; the kill test uses the simulated vLLM fleet in separate
+processes so a replica can really be SIGKILLed mid-run.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.conftest import Fleet, router_settings
+
+SYSTEM = ("You are the returns assistant of an online bookshop. Be concise, polite, and always "
+          "ask for the order number first.")
+
+
+def client(url: str, **kw: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="test", max_retries=0, **kw)
+
+
+def messages(system: str, user: str) -> list[Any]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def ask(c: openai.OpenAI, system: str, text: str, stream: bool, **kw: Any) -> str:
+    if stream:
+        chunks = c.chat.completions.create(model="fake-model", messages=messages(system, text),
+                                           stream=True, **kw)
+        parts = [ch.choices[0].delta.content or "" for ch in chunks if ch.choices]
+        return parts[0]  # the fake's first delta is its name
+    r = c.chat.completions.create(model="fake-model", messages=messages(system, text), **kw)
+    return r.choices[0].message.content or ""
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_same_prefix_lands_on_one_replica_at_low_load(fake_fleet: Any, router_server: Any,
+                                                      stream: bool) -> None:
+    fleet: Fleet = fake_fleet(4)
+    srv, _ = router_server(router_settings(fleet.urls))
+    c = client(srv.url)
+    served = {ask(c, SYSTEM, f"question {i}", stream) for i in range(12)}
+    assert len(served) == 1
+    # different system prompts spread over the fleet instead of all going to one replica
+    others = {ask(c, f"{SYSTEM} Team {i} handles region {i}-{i * 7}.", "hi", stream)
+              for i in range(16)}
+    assert len(others) >= 3
+
+
+def test_hot_prefix_spreads_while_conversations_stay(fake_fleet: Any,
+                                                     router_server: Any) -> None:
+    fleet: Fleet = fake_fleet(4)
+    # default load_factor 1.25; loads are this router's exact in-flight counts (no scrape lag)
+    srv, app = router_server(router_settings(fleet.urls, scrape={"enabled": False}))
+    c = client(srv.url, timeout=30)
+    conversations, turns = 32, 4
+    placed: dict[int, list[str]] = defaultdict(list)
+    samples: list[list[int]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            loads = [s.in_flight for s in app.replicas.states()]
+            # steady state: (nearly) every conversation has a request open. Bounded loads caps
+            # a replica at ceil(1.25 * 32 / 4) = 10 when placing; the mean is then >= 31/4
+            if sum(loads) >= conversations - 1:
+                samples.append(loads)
+            time.sleep(0.01)
+
+    def talk(conv: int) -> None:
+        # unsynchronised conversations, like real users: staggered starts, varied answer times
+        time.sleep(conv * 0.01)
+        delay = str(0.2 + (conv % 7) * 0.03)
+        for turn in range(turns):
+            placed[conv].append(ask(c, SYSTEM, f"turn {turn}", False, user=f"user-{conv}",
+                                    extra_headers={"x-fake-delay": delay}))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    with ThreadPoolExecutor(conversations) as pool:
+        list(pool.map(talk, range(conversations)))
+    stop.set()
+    sampler.join()
+
+    assert len(samples) > 10
+    ratios = [max(s) / statistics.mean(s) for s in samples]
+    assert max(ratios) <= 1.3, max(ratios)
+    assert min(len([x for x in s if x]) for s in samples) == 4  # every replica took a share
+    # after the first turn placed it, a conversation keeps its replica
+    kept = sum(len(set(p[1:])) == 1 for p in placed.values())
+    assert kept >= 0.9 * conversations, dict(placed)
+
+
+def test_client_disconnect_mid_stream_reaches_the_replica(fake_fleet: Any,
+                                                          router_server: Any) -> None:
+    fleet: Fleet = fake_fleet(1)
+    srv, app = router_server(router_settings(fleet.urls))
+    c = client(srv.url)
+    stream = c.chat.completions.create(
+        model="fake-model", messages=messages(SYSTEM, "long answer please"), stream=True,
+        extra_headers={"x-fake-chunks": "50", "x-fake-chunk-delay": "0.1"})
+    first = next(iter(stream))
+    assert first.choices[0].delta.content == "r0"
+    stream.close()
+    fake = fleet.replicas[0]
+    deadline = time.monotonic() + 5
+    while fake.cancelled == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert fake.cancelled == 1
+    r0 = app.replicas.get("r0")
+    assert r0 is not None
+    while r0.in_flight and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert r0.in_flight == 0
+    assert ask(c, SYSTEM, "still works", True) == "r0"
+
+
+def test_error_answers_in_openai_format(fake_fleet: Any, router_server: Any) -> None:
+    fleet: Fleet = fake_fleet(1)
+    srv, _ = router_server(router_settings(fleet.urls, proxy={"max_body_bytes": 2000},
+                                           auth={"api_keys": ["sk-good"]}))
+    with pytest.raises(openai.AuthenticationError) as auth_err:
+        client(srv.url).chat.completions.create(model="fake-model",
+                                                messages=messages(SYSTEM, "hi"))
+    assert auth_err.value.status_code == 401
+    good = openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-good", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as too_big:
+        good.chat.completions.create(model="fake-model", messages=messages(SYSTEM, "x" * 3000))
+    assert too_big.value.status_code == 413
+    assert ask(good, SYSTEM, "fine", False) == "r0"
+
+
+def test_killed_replica_costs_no_non_streamed_request(router_server: Any) -> None:
+    fleet_mod = pytest.importorskip("loadtest.fleet")
+    with fleet_mod.Fleet(replicas=3, speed=4.0) as sim:
+        srv, app = router_server(router_settings(list(sim.urls), health={"interval": 0.5}))
+        c = client(srv.url, timeout=30)
+        results: list[int] = []
+        errors: list[str] = []
+        stop = threading.Event()
+
+        def work(i: int) -> None:
+            n = 0
+            while not stop.is_set() and n < 200:
+                n += 1
+                try:
+                    r = c.chat.completions.with_raw_response.create(
+                        model="sim-model", max_tokens=8,
+                        messages=messages(f"{SYSTEM} Desk {i % 6}.", f"q{n}"))
+                    results.append(r.http_response.status_code)
+                except openai.APIError as exc:
+                    errors.append(repr(exc))
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        sim.kill(1)
+        time.sleep(2.0)
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        metrics = httpx.get(srv.url + "/metrics").text
+        assert errors == []
+        assert len(results) > 20 and set(results) == {200}
+        dead = app.replicas.get("r1")  # router_settings names replicas by position
+        assert dead is not None and not dead.healthy
+        assert "prefix_router_ejections_total" in metrics
