@@ -99,13 +99,15 @@ class ConversationAffinity:
     def __init__(self, load_factor: float, size: int = 65536) -> None:
         self.load_factor = load_factor
         self.size = size
-        self._last: OrderedDict[str, str] = OrderedDict()
+        self._last: OrderedDict[tuple[str, str], str] = OrderedDict()
 
     def apply(self, key: RoutingKey, decision: Decision,
               states: Sequence[ReplicaState]) -> Decision:
-        conv = key.conversation
-        if conv is None or key.prefix is None:
+        if key.conversation is None or key.prefix is None:
             return decision  # ring placement by conversation is already stable
+        # scoped by prefix: a conversation id derived from a first message like "hi" is shared
+        # by unrelated conversations under different system prompts
+        conv = (key.prefix, key.conversation)
         last = self._last.get(conv)
         if last is not None and last != decision.replica:
             available = [s for s in states if s.available]
