@@ -42,7 +42,7 @@ def system_prompt(t: int) -> str:
     rules = "\n".join(
         f"Rule {t}.{i}: when the customer asks about {TOPICS[(t + i) % len(TOPICS)]}, explain "
         f"the policy in plain words, cite section {i} of the handbook and offer further help."
-        for i in range(75)
+        for i in range(50)
     )
     return f"You are support assistant #{t} of ACME Corp.\n{{volatile}}\n{rules}\nBe concise."
 
@@ -92,15 +92,17 @@ def train_tokenizer(path: Path, templates: int) -> None:
 
 
 def audit_file(path: Path, tokenizer: str | None) -> tuple[int, float, float]:
+    """(requests, CPU seconds, mean prompt tokens). CPU time of this process: the shared cores
+    this runs on are busy, so wall time measures the neighbours as much as the auditor."""
     auditor = Auditor(load_tokenizer(tokenizer), cache_blocks=DEFAULT_CACHE_BLOCKS)
-    start = time.perf_counter()
+    start = time.process_time()
     for item in iter_trace([str(path)]):
         if isinstance(item, BadLine):
             auditor.add_bad(item)
         else:
             auditor.add(item)
     report = auditor.report()
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     return report.summary.requests, elapsed, report.summary.prompt_tokens / max(report.summary.requests, 1)
 
 
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         size = trace.stat().st_size
         n, secs, avg = audit_file(trace, None)
         print(f"default tokenizer: {n:,} requests (~{avg:,.0f} tokens each, {size / 2**20:,.0f} MiB) "
-              f"in {secs:.2f}s = {n / secs:,.0f} requests/s")
+              f"in {secs:.2f} CPU s = {n / secs:,.0f} requests/s")
         try:
             tok = Path(tmp) / "tokenizer.json"
             train_tokenizer(tok, args.templates)
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 fh.writelines(lines(args.hf_requests, args.templates))
             n, secs, avg = audit_file(small, str(tok))
             print(f"--tokenizer (BPE, vocab 4,096): {n:,} requests (~{avg:,.0f} tokens each) in "
-                  f"{secs:.2f}s = {n / secs:,.0f} requests/s")
+                  f"{secs:.2f} CPU s = {n / secs:,.0f} requests/s")
     for n in args.memory:
         out = subprocess.run([sys.executable, __file__, "--memory-child", str(n),
                               "--templates", str(args.templates)],

@@ -88,6 +88,16 @@ class _SpanStats:
                     self.examples.append(value)
 
 
+@dataclass(frozen=True, eq=False)
+class _Static:
+    """One distinct static part: its tokens, its blocks (as a replay head) and its diff."""
+
+    text: str
+    ids: list[int]
+    head: Head
+    spans: list[Span]
+
+
 @dataclass
 class _TemplateState:
     id: str
@@ -174,7 +184,7 @@ class Auditor:
         self.observed = Replay(PrefixCache(cache_blocks, block_size))
         self.achievable = Replay(PrefixCache(cache_blocks, block_size))
         self._line_tokenizer = isinstance(self.tokenizer, DefaultTokenizer)
-        self._static_lru: OrderedDict[int, tuple[list[int], list[int]]] = OrderedDict()
+        self._static_lru: OrderedDict[int, _Static] = OrderedDict()
         self.requests = 0
         self.prompt_tokens = 0
         self.bad_lines = 0
@@ -203,21 +213,19 @@ class Auditor:
             return
         finally:
             self._now = None
-        model = record.model or ""
         static_text = prompt.static_text
-        tid, key = self.index.lookup_exact(model, static_text)
+        tid, key = self.index.lookup_exact(record.model or "", static_text)
         tpl = self.templates.get(tid) if tid is not None else None
-        offsets: list[int] | None = None
-        cached_hashes: list[int] | None = None
         end = prompt.static_end
+        entry = self._static_lru.get(key)
+        if entry is not None and entry.text == static_text:
+            self._static_lru.move_to_end(key)
+        else:
+            entry = None
+        offsets: list[int] | None = None
         if self._line_tokenizer and (end == 0 or prompt.text[end - 1] == "\n"):
             # No default-tokenizer token crosses a newline: static part and tail tokenise apart.
-            if tpl is not None and static_text == tpl.static_text:
-                static_ids, cached_hashes = tpl.static_ids, tpl.head.hashes
-            elif (hit := self._static_lru.get(key)) is not None:
-                static_ids, cached_hashes = hit
-            else:
-                static_ids = self.tokenizer.encode(static_text)
+            static_ids = entry.ids if entry is not None else self.tokenizer.encode(static_text)
             tail_ids = self.tokenizer.encode(prompt.text[end:])
         else:
             ids, offs = self.tokenizer.encode_with_offsets(prompt.text)
@@ -225,12 +233,31 @@ class Auditor:
             static_ids, tail_ids, offsets = ids[:cut], ids[cut:], offs[:cut]
         if tpl is None:
             tpl = self._template(record, prompt, static_ids, offsets, key)
+        if entry is None:
+            entry = self._static_entry(tpl, static_text, static_ids, key)
         tpl.requests += 1
         self.requests += 1
         self.prompt_tokens += len(static_ids) + len(tail_ids)
-        if static_text != tpl.static_text:
-            tpl.observe(diff_spans(tpl.static_text, static_text), static_text)
-        self._feed_caches(tpl, static_ids, tail_ids, cached_hashes, key)
+        if entry.spans:
+            tpl.observe(entry.spans, static_text)
+        self._feed_caches(tpl, entry, tail_ids)
+
+    def _static_entry(self, tpl: _TemplateState, text: str, ids: list[int], key: int) -> _Static:
+        """Tokens, block hashes and diff of one distinct static part, kept for its repeats."""
+        bs = self.block_size
+        head = tpl.head.hashes
+        if text == tpl.static_text:
+            entry = _Static(text, tpl.static_ids, tpl.head, [])
+        else:
+            shared = _shared_blocks(ids, tpl.static_ids, len(head), bs)
+            n_full = len(ids) // bs
+            hashes = head[:shared] + block_hashes(ids[shared * bs:n_full * bs], bs,
+                                                  parent=head[shared - 1] if shared else None)
+            entry = _Static(text, ids, Head(hashes), diff_spans(tpl.static_text, text))
+        self._static_lru[key] = entry
+        if len(self._static_lru) > STATIC_CACHE:
+            self._static_lru.popitem(last=False)
+        return entry
 
     def add_all(self, items: Iterable[Record | BadLine]) -> None:
         for item in items:
@@ -284,34 +311,22 @@ class Auditor:
                 stats.role = Role.TEMPLATE
 
     # -- caches -------------------------------------------------------------------------------
-    def _feed_caches(self, tpl: _TemplateState, static_ids: list[int], tail_ids: list[int],
-                     static_hashes: list[int] | None, key: int) -> None:
+    def _feed_caches(self, tpl: _TemplateState, entry: _Static, tail_ids: list[int]) -> None:
         bs = self.block_size
         ref_ids, head = tpl.static_ids, tpl.head.hashes
         k = len(head)
-        num_tokens = len(static_ids) + len(tail_ids)
         # Achievable: the reference's static tokens, then this request's own tail.
         ach_tail = block_hashes(ref_ids[k * bs:] + tail_ids, bs, parent=head[-1] if k else None)
         self.achievable.serve(tpl.ach_head, k, ach_tail, len(ref_ids) + len(tail_ids))
-        # Observed: the leading blocks shared with the reference reuse its hashes.
-        if static_hashes is head:
+        # Observed: this static part's own blocks (shared by its repeats), then the tail.
+        num_tokens = len(entry.ids) + len(tail_ids)
+        if entry.head is tpl.head:
             self.observed.serve(tpl.head, k, ach_tail, num_tokens)
             return
-        if static_hashes is None:
-            shared = _shared_blocks(static_ids, ref_ids, k, bs)
-            parent = head[shared - 1] if shared else None
-            n_full = len(static_ids) // bs
-            static_hashes = head[:shared] + block_hashes(static_ids[shared * bs:n_full * bs], bs,
-                                                         parent=parent)
-            self._static_lru[key] = (static_ids, static_hashes)
-            if len(self._static_lru) > STATIC_CACHE:
-                self._static_lru.popitem(last=False)
-        else:
-            shared = _shared_blocks(static_ids, ref_ids, k, bs)
-        n = len(static_hashes)
-        tail = static_hashes[shared:] + block_hashes(
-            static_ids[n * bs:] + tail_ids, bs, parent=static_hashes[-1] if n else None)
-        self.observed.serve(tpl.head, shared, tail, num_tokens)
+        hashes = entry.head.hashes
+        n = len(hashes)
+        tail = block_hashes(entry.ids[n * bs:] + tail_ids, bs, parent=hashes[-1] if n else None)
+        self.observed.serve(entry.head, n, tail, num_tokens)
 
     # -- output -------------------------------------------------------------------------------
     def report(self) -> Report:

@@ -26,7 +26,7 @@ import itertools
 import re
 from dataclasses import dataclass
 
-from templates_audit.detectors import Kind, classify, is_secret, scan
+from templates_audit.detectors import Kind, classify, scan
 
 __all__ = ["Span", "common_prefix", "common_suffix", "diff_spans", "line_spans"]
 
@@ -93,7 +93,9 @@ def _diff_lines(ref: str, req: str) -> list[Span]:
 
 
 def _block_kind(before: str, value: str, after: str) -> str:
-    if is_secret(value) or any(m.kind is Kind.SECRET for m in scan(value)):
+    # classify() already recognises a value that is a credential; a credential *inside* an
+    # injected multi-line block needs a scan of the block.
+    if "\n" in value and any(m.kind is Kind.SECRET for m in scan(value)):
         return Kind.SECRET.value
     return str(classify(before[-96:], value, after[:96]))
 
