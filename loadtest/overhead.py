@@ -41,7 +41,6 @@ from loadtest.workloads import CHAT, Request, synthetic_text
 __all__ = ["DEFAULT_SETUPS", "OverheadConfig", "add_arguments", "main", "measure", "ratios"]
 
 DEFAULT_SETUPS = ("direct", "router-prefix", "nginx", "sglang-cache_aware")
-TARGETS = {"cpu_per_request": 2.0, "cpu_per_chunk": 1.5, "added_p50_s": 0.0005}
 
 
 @dataclass(frozen=True)
@@ -189,32 +188,6 @@ def ratios(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def targets_markdown(r: Mapping[str, Any]) -> str:
-    from loadtest.report import fmt, table
-
-    def verdict(value: Any, limit: float) -> str:
-        return "–" if value is None else ("met" if value <= limit else "missed")
-
-    rows = [
-        ["router CPU/request ÷ sglang-router's", "≤ 2.0", fmt(r.get("cpu_per_request_vs_sglang")),
-         verdict(r.get("cpu_per_request_vs_sglang"), TARGETS["cpu_per_request"])],
-        ["router CPU/chunk ÷ sglang-router's", "≤ 1.5", fmt(r.get("cpu_per_chunk_vs_sglang")),
-         verdict(r.get("cpu_per_chunk_vs_sglang"), TARGETS["cpu_per_chunk"])],
-        ["router CPU/request ÷ nginx's", "–", fmt(r.get("cpu_per_request_vs_nginx")), ""],
-        ["router added p50, concurrency 1, non-streamed (ms)", "≤ 0.5",
-         fmt(_ms(r.get("added_p50_c1_plain")), 3),
-         verdict(r.get("added_p50_c1_plain"), TARGETS["added_p50_s"])],
-        ["router added p50, concurrency 1, streamed (ms)", "≤ 0.5",
-         fmt(_ms(r.get("added_p50_c1_stream")), 3),
-         verdict(r.get("added_p50_c1_stream"), TARGETS["added_p50_s"])],
-    ]
-    return table(["measure", "target", "measured", ""], rows, ["l", "r", "r", "l"])
-
-
-def _ms(v: Any) -> float | None:
-    return None if v is None else v * 1000
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     c = OverheadConfig()
     p.add_argument("--setup", action="append", default=None,
@@ -230,7 +203,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from loadtest.report import overhead_markdown
+    from loadtest.report import overhead_markdown, overhead_targets_markdown
 
     names = args.setup or list(DEFAULT_SETUPS)
     if "direct" not in names:
@@ -249,7 +222,7 @@ def main(args: argparse.Namespace) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
     print(overhead_markdown(res["rows"]))
-    print(targets_markdown(res["ratios"]))
+    print(overhead_targets_markdown(res["ratios"]))
     for name, why in res["skipped"].items():
         print(f"- {name} skipped: {why}")
     return 0

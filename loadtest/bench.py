@@ -1,0 +1,179 @@
+"""`python -m loadtest.bench` (`make bench`): reproduce docs/benchmarks.md and its figures.
+
+Three parts, run one after the other on this machine:
+
+1. compare (`loadtest.compare`): shared-prefix, hot-prefix, multi-turn and a scaled-down
+   mooncake replay through every routing setup, 4 simulated replicas restarted cold per setup;
+2. overhead (`loadtest.overhead`): proxy CPU per request / per chunk and added latency;
+3. simulate (`loadtest.simulate`): the discrete-event simulator at 64 replicas.
+
+Writes ``docs/benchmarks.md``, ``docs/img/bench-*.png`` and the raw JSON under
+``build/bench/``. ``--quick`` shrinks every part (a smoke run of the pipeline, not a benchmark);
+``--skip`` leaves parts out. Budget: the full run is sized to finish in well under 15 minutes on
+2 cores (about 8 s of traffic per setup and workload, plus start-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from loadtest.compare import DEFAULT_SETUPS, FleetParams, compare, machine_info
+from loadtest.runner import DEFAULT_TRACE, Plan
+from loadtest.setups import parse_setup
+from loadtest.workloads import Request, WorkloadSpec, generate
+
+__all__ = ["BenchWorkload", "WORKLOADS", "main"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class BenchWorkload:
+    name: str
+    requests: int
+    rate: float
+    fleet: FleetParams
+    spec: dict[str, Any]
+    max_prompt_chars: int | None = None  # mooncake: drop longer prompts (scaled-down replay)
+
+
+# mooncake block text is ~2.2k characters per 512 tokens: 40k chars ~ 9.4k tokens
+WORKLOADS = (
+    BenchWorkload("shared-prefix", 120, 12.0, FleetParams(), {}),
+    BenchWorkload("hot-prefix", 120, 12.0, FleetParams(), {"turns": 4}),
+    BenchWorkload("multi-turn", 120, 12.0, FleetParams(), {"turns": 4}),
+    BenchWorkload("mooncake", 100, 8.0, FleetParams(kv_blocks=2048, speed=2.0),
+                  {"trace_path": DEFAULT_TRACE, "max_output_tokens": 32},
+                  max_prompt_chars=40_000),
+)
+
+
+def _requests(w: BenchWorkload, seed: int) -> tuple[list[Request], dict[str, Any]]:
+    n = w.requests * 3 if w.max_prompt_chars else w.requests
+    reqs = generate(WorkloadSpec(w.name, requests=n, rate=w.rate, seed=seed, **w.spec))
+    if w.max_prompt_chars:
+        reqs = [r for r in reqs if len(str(r.body.get("prompt", ""))) <= w.max_prompt_chars]
+    reqs = reqs[: w.requests]
+    meta: dict[str, Any] = {"name": w.name, "requests": len(reqs), "rate": w.rate, "seed": seed}
+    meta.update({k: v for k, v in w.spec.items() if k != "trace_path"})
+    if w.max_prompt_chars:
+        meta["max_prompt_chars"] = w.max_prompt_chars
+    return reqs, meta
+
+
+def run_compare(workloads: tuple[BenchWorkload, ...], setups: list[str], workdir: Path,
+                seed: int) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for w in workloads:
+        reqs, meta = _requests(w, seed)
+        plan = Plan("http://unused", rate=w.rate, max_requests=len(reqs), max_time=60.0)
+        res = compare({w.name: (reqs, meta)}, [parse_setup(s) for s in setups], plan, w.fleet,
+                      workdir / w.name)
+        block = res["workloads"][w.name]
+        block["fleet"] = asdict(w.fleet)
+        if not merged:
+            merged = res
+        else:
+            merged["workloads"][w.name] = block
+    return merged
+
+
+def run_overhead(workdir: Path, quick: bool) -> dict[str, Any]:
+    from loadtest.overhead import DEFAULT_SETUPS as OH_SETUPS
+    from loadtest.overhead import OverheadConfig, measure
+
+    cfg = OverheadConfig()
+    if quick:
+        cfg = replace(cfg, latency_requests=30, cpu_requests=60, rounds=1)
+    return measure([parse_setup(s) for s in OH_SETUPS], cfg, workdir,
+                   log=lambda m: print(m, file=sys.stderr, flush=True))
+
+
+def run_simulate(quick: bool) -> dict[str, Any]:
+    from loadtest.simulate import SimConfig, simulate, workload_requests
+
+    n, replicas, prompts, rate = (400, 16, 32, 60.0) if quick else (4000, 64, 256, 240.0)
+    reqs = workload_requests("shared-prefix", n, 0, rate, prompts=prompts)
+    results = []
+    for policy in ("prefix", "round_robin", "least_loaded"):
+        res = simulate(reqs, SimConfig(replicas=replicas, policy=policy, kv_blocks=768,
+                                       max_num_seqs=64))
+        results.append(res.to_json())
+        print(f"simulate {policy}: hit {res.hit_rate:.3f} ttft p99 {res.ttft['p99']:.3f} "
+              f"({res.wall_seconds:.0f}s)", file=sys.stderr, flush=True)
+    return {"workload": {"name": "shared-prefix", "requests": n, "prompts": prompts,
+                         "rate": rate, "replicas": replicas, "kv_blocks": 768},
+            "results": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of the pipeline")
+    p.add_argument("--skip", action="append", default=[], choices=["compare", "overhead", "simulate"])
+    p.add_argument("--setup", action="append", default=None, help="compare setups (repeatable)")
+    p.add_argument("--workload", action="append", default=None, help="compare workloads")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"))
+    p.add_argument("--img", default=str(ROOT / "docs" / "img"))
+    p.add_argument("--json-dir", default=str(ROOT / "build" / "bench"))
+    args = p.parse_args(argv)
+
+    from loadtest.report import benchmarks_markdown
+
+    t0 = time.monotonic()
+    img, json_dir = Path(args.img), Path(args.json_dir)
+    json_dir.mkdir(parents=True, exist_ok=True)
+    workloads = tuple(w for w in WORKLOADS if not args.workload or w.name in args.workload)
+    if args.quick:
+        workloads = tuple(replace(w, requests=20) for w in workloads)
+    data: dict[str, Any] = {"machine": machine_info(), "quick": args.quick, "timings": {}}
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        work = Path(tmp)
+        if "compare" not in args.skip:
+            t = time.monotonic()
+            data["compare"] = run_compare(workloads, args.setup or list(DEFAULT_SETUPS),
+                                          work / "compare", args.seed)
+            data["timings"]["compare"] = time.monotonic() - t
+        if "overhead" not in args.skip:
+            t = time.monotonic()
+            data["overhead"] = run_overhead(work / "overhead", args.quick)
+            data["timings"]["overhead"] = time.monotonic() - t
+        if "simulate" not in args.skip:
+            t = time.monotonic()
+            data["simulate"] = run_simulate(args.quick)
+            data["timings"]["simulate"] = time.monotonic() - t
+    data["timings"]["total"] = time.monotonic() - t0
+    (json_dir / "bench.json").write_text(json.dumps(data, indent=1) + "\n")
+    figures = _figures(data, img)
+    Path(args.doc).write_text(benchmarks_markdown(data, figures, Path(args.doc).parent))
+    print(f"wrote {args.doc} and {len(figures)} figures in {data['timings']['total']:.0f}s",
+          file=sys.stderr)
+    return 0
+
+
+def _figures(data: dict[str, Any], img: Path) -> dict[str, Path]:
+    from loadtest.plots import compare_plots, simulate_plot
+
+    out: dict[str, Path] = {}
+    if "compare" in data:
+        for path in compare_plots(data["compare"], img, prefix="bench-compare"):
+            out[path.stem.removeprefix("bench-compare-")] = path
+    if "simulate" in data:
+        w = data["simulate"]["workload"]
+        out["simulate"] = simulate_plot(
+            data["simulate"]["results"], img / "bench-simulate.png",
+            f"simulate: {w['replicas']} replicas, shared-prefix with {w['prompts']} prompts, "
+            f"{w['requests']} requests")
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
