@@ -249,8 +249,8 @@ class Engine:
             hit = self.cache.cached_prefix_tokens(capped, seq.prompt_len)
         else:
             hit = alloc.hit_tokens
-            self.cache.cache_full_blocks(alloc, self._hashes_upto(seq, seq.num_tokens))
-            self.cache.free(alloc)
+            seq.alloc, seq.computed = alloc, seq.num_tokens - 1
+            self._release(seq)
         self.stats.queries += seq.prompt_len
         self.stats.hits += hit
         self.stats.prompt_tokens += seq.prompt_len
@@ -303,12 +303,17 @@ class Engine:
             seq.hashes.extend(block_hashes(seq.ids[start:full * bs], bs, parent=parent))
         return seq.hashes
 
-    def _release(self, seq: _Seq) -> None:
+    def _register(self, seq: _Seq) -> None:
+        """Make the request's computed full blocks reusable by later requests."""
         alloc = seq.alloc
-        assert alloc is not None
-        self.cache.cache_full_blocks(alloc, self._hashes_upto(seq, seq.computed)[
-            : seq.computed // self.limits.block_size])
-        self.cache.free(alloc)
+        full = seq.computed // self.limits.block_size
+        if alloc is not None and full > alloc.cached_upto:
+            self.cache.cache_full_blocks(alloc, self._hashes_upto(seq, seq.computed)[:full])
+
+    def _release(self, seq: _Seq) -> None:
+        assert seq.alloc is not None
+        self._register(seq)
+        self.cache.free(seq.alloc)
         seq.alloc = None
 
     def _preempt(self, seq: _Seq) -> None:
@@ -379,19 +384,17 @@ class Engine:
             if seq.done or seq.alloc is None:
                 continue  # aborted or preempted while the step ran
             seq.computed += n
+            self._register(seq)
             if seq.computed < seq.num_tokens:
                 continue  # prefill continues next step
-            if not seq.prefilled:
-                seq.prefilled = True
+            seq.prefilled = True
             seq.generated += 1
             self.stats.generation_tokens += 1
             self._extend_ids(seq)
             if seq.generated == 1:
                 self.observer.first_token(now - seq.arrival)
-            self.cache.cache_full_blocks(seq.alloc, self._hashes_upto(seq, seq.computed)[
-                : seq.computed // self.limits.block_size])
             if seq.generated >= seq.req.max_tokens:
-                seq.computed = seq.num_tokens  # the last token's KV is never needed
+                # The last token's KV is never computed, so its block is not cached (as vLLM).
                 self._release(seq)
                 self.running.remove(seq)
                 seq.done = True

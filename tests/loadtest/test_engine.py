@@ -67,8 +67,9 @@ def test_generated_tokens_are_cached_for_the_next_turn() -> None:
     out = list(range(500, 540))
 
     async def body(e: Engine) -> int:
-        await e.submit(EngineRequest("a", prompt, 40, output_ids=out)).wait()
+        await e.submit(EngineRequest("a", prompt, 41, output_ids=out + [77])).wait()
         # next turn = prompt + reply + new user text: hit reaches into the generated blocks
+        # (80 of the 81 tokens had their KV computed: the last token's never is)
         return (await e.submit(req("b", prompt + out + [9] * 10)).wait()).cached_tokens
 
     assert run(body) == 80
@@ -195,6 +196,16 @@ def test_cached_prefill_is_much_faster_than_uncached_in_the_timing_model() -> No
     assert uncached >= 10 * cached
     assert t.step_seconds(0, 64) > t.step_seconds(0, 1)  # ITL grows with the batch
     assert TimingModel(speed=10).step_seconds(100, 1) == pytest.approx(t.step_seconds(100, 1) / 10)
+
+
+def test_last_generated_token_is_not_cached() -> None:
+    async def body(e: Engine) -> int:
+        await e.submit(EngineRequest("a", list(range(40)), 8, output_ids=list(range(500, 508)))).wait()
+        # 48 tokens = 3 full blocks, but the 48th token's KV was never computed
+        return (await e.submit(req("b", list(range(40)) + list(range(500, 508)) + [1])).wait()
+                ).cached_tokens
+
+    assert run(body) == 32
 
 
 def test_instant_mode_counts_hits_without_a_loop() -> None:
