@@ -79,6 +79,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _group_members(pgid: int) -> list[tuple[int, int]]:
+    """(pid, rss pages) of the live (not zombie) processes in process group ``pgid``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            # fields[0] is stat's 3rd field (state), [2] the 5th (pgrp), [21] the 24th (rss)
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                out.append((int(entry.name), int(fields[21])))
+    return out
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     """Prometheus text -> {sample name: value summed over label sets}; ``_created`` dropped."""
     out: dict[str, float] = {}
@@ -232,28 +246,33 @@ class VllmFleet:
                            f"{self.log_tail(i)}")
 
     def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
-        """Signal replica ``i``'s process group (API server and engine core) and reap it."""
-        proc = self.procs[i]
-        if proc.poll() is None:
+        """Signal replica ``i``'s process group (API server, engine core, worker) and return
+        once no live process is left in it; after ``stop_timeout`` the rest gets SIGKILL."""
+        self._signal(i, sig)
+        self._reap(i)
+
+    def _signal(self, i: int, sig: int) -> None:
+        if self.procs[i].poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-        try:
+                os.killpg(self.procs[i].pid, sig)
+
+    def _reap(self, i: int) -> None:
+        proc = self.procs[i]
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=self.stop_timeout)
-        except subprocess.TimeoutExpired:
+        deadline = time.monotonic() + self.stop_timeout
+        while _group_members(proc.pid) and time.monotonic() < deadline:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=self.stop_timeout)
-        # The group may outlive its leader for a moment (engine core still exiting).
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+            time.sleep(0.05)
+        proc.wait(timeout=self.stop_timeout)
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
+        """SIGTERM every replica at once (vLLM shuts down gracefully), then reap each group."""
         for i in range(len(self.procs)):
-            self.kill(i, signal.SIGTERM)
+            self._signal(i, signal.SIGTERM)
+        for i in range(len(self.procs)):
+            self._reap(i)
         self.procs = []
         self.ports = []
 
@@ -289,18 +308,8 @@ class VllmFleet:
 
     def rss_bytes(self, i: int) -> int:
         """Resident memory of replica ``i``'s whole process group (API server + engine core)."""
-        pgid = self.procs[i].pid
-        total = 0
         page = os.sysconf("SC_PAGE_SIZE")
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                stat = (entry / "stat").read_text()
-                fields = stat.rsplit(")", 1)[1].split()
-                if int(fields[2]) == pgid:  # field 5 of stat: process group id
-                    total += int(fields[21]) * page  # field 24: rss in pages
-        return total
+        return sum(rss * page for _, rss in _group_members(self.procs[i].pid))
 
     def log_tail(self, i: int, lines: int = 40) -> str:
         with contextlib.suppress(OSError):

