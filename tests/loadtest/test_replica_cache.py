@@ -165,3 +165,20 @@ def test_preemption_when_decode_runs_out_of_blocks_is_counted(sim: Callable[...,
     assert m["vllm:num_preemptions_total"] >= 1     # 2 x 8 blocks needed, 12 available
     assert m["vllm:generation_tokens_total"] >= 120
     assert m["vllm:request_success_total"] == 2
+
+
+def test_next_turn_of_a_conversation_hits_on_the_previous_reply(sim: Callable[..., Sim]) -> None:
+    s = sim()
+    msgs = [{"role": "system", "content": "You are terse. " * 10},
+            {"role": "user", "content": "first question here"}]
+    first = HTTP.post(s.url + "/v1/chat/completions",
+                      json={"messages": msgs, "max_tokens": 40}).json()
+    msgs += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+             {"role": "user", "content": "second"}]
+    second = HTTP.post(s.url + "/v1/chat/completions",
+                       json={"messages": msgs, "max_tokens": 4}).json()
+    u = first["usage"]
+    # everything turn one computed (prompt + reply but its last token), in full blocks
+    computed = u["prompt_tokens"] + u["completion_tokens"] - 1
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == computed // 16 * 16
+    assert computed // 16 * 16 > u["prompt_tokens"]   # the hit reaches into the reply
