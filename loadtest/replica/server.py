@@ -304,13 +304,25 @@ class Replica:
             (b"content-type", b"text/event-stream; charset=utf-8"),
             (b"cache-control", b"no-cache"), *self._headers]})
         sent = 0
+        # Instant replies are complete up front: one write instead of one per event.
+        buffer: list[bytes] | None = [] if handle is None else None
+
+        async def flush() -> None:
+            if buffer:
+                await send({"type": "http.response.body", "body": b"".join(buffer),
+                            "more_body": True})
+                buffer.clear()
 
         async def emit(obj: dict[str, Any] | None) -> None:
             nonlocal sent
             if stop_after is not None and sent >= stop_after:
+                await flush()
                 raise AbruptClose
             data = SSE_DONE if obj is None else b"data: " + dumps(obj) + b"\n\n"
-            await send({"type": "http.response.body", "body": data, "more_body": True})
+            if buffer is not None:
+                buffer.append(data)
+            else:
+                await send({"type": "http.response.body", "body": data, "more_body": True})
             sent += 1
 
         last = job.max_tokens - 1
@@ -326,7 +338,8 @@ class Replica:
             await emit(openai_api.usage_chunk(job.kind, env, openai_api.usage_json(
                 usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)))
         await emit(None)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": "http.response.body", "body": b"".join(buffer or ()),
+                    "more_body": False})
 
     # -- informational ---------------------------------------------------------------------------
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:

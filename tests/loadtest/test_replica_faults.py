@@ -101,8 +101,9 @@ def test_slow_factor_stretches_the_timing_model(sim: Callable[..., str]) -> None
     assert slow > 4 * normal    # 20x nominal; a wide margin for a loaded machine
 
 
-def test_stop_after_k_chunks_cuts_the_stream(sim: Callable[..., str]) -> None:
-    url = sim(fault_stop_after=3)
+@pytest.mark.parametrize("instant", [False, True])
+def test_stop_after_k_chunks_cuts_the_stream(sim: Callable[..., str], instant: bool) -> None:
+    url = sim(fault_stop_after=3, instant=instant)
     events: list[str] = []
     with pytest.raises(httpx.RemoteProtocolError), HTTP.stream(
             "POST", url + "/v1/chat/completions",
