@@ -164,6 +164,7 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, *, idx: in
     acc = _Acc(t0)
     status: int | None = None
     replica: str | None = None
+    end: float | None = None
     try:
         async with session.post(url, data=body, headers=hdrs,
                                 timeout=aiohttp.ClientTimeout(total=request_timeout)) as resp:
@@ -176,8 +177,10 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, *, idx: in
             if stream and resp.content_type == "text/event-stream":
                 await _read_sse(resp, acc)
             else:
-                payload = json.loads(await resp.read())
-                acc.content(time.perf_counter())
+                raw = await resp.read()
+                end = time.perf_counter()
+                acc.content(end)
+                payload = json.loads(raw)
                 acc.usage = payload.get("usage") if isinstance(payload, dict) else None
     except asyncio.CancelledError:
         raise
@@ -187,7 +190,8 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, *, idx: in
         return _failed(idx, start, status, ErrorKind.CONNECT, exc, acc, replica, group)
     except (aiohttp.ClientError, ValueError, OSError) as exc:
         return _failed(idx, start, status, ErrorKind.PROTOCOL, exc, acc, replica, group)
-    end = time.perf_counter()
+    if end is None:
+        end = time.perf_counter()
     usage = acc.usage or {}
     details = usage.get("prompt_tokens_details") or {}
     out = Outcome(idx, start, status, itl=tuple(acc.itl),

@@ -267,6 +267,7 @@ def _launch_rust(setup: Setup, replicas: Sequence[Replica], workdir: Path, port:
         argv = [binary, "--log-level", "warning"]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
              "--prometheus-port", str(free_port()), "--policy", setup.policy or "cache_aware",
+             "--worker-startup-check-interval", "1",
              "--worker-urls", *[u for _, u in replicas]]
     env = {**os.environ, "RUST_LOG": "warn"}
     proc = _spawn(argv, log, env=env, cwd=workdir)
