@@ -26,9 +26,9 @@ import itertools
 import re
 from dataclasses import dataclass
 
-from templates_audit.detectors import Kind, classify, scan
+from templates_audit.detectors import Kind, Match, classify, scan
 
-__all__ = ["Span", "common_prefix", "common_suffix", "diff_spans", "line_spans"]
+__all__ = ["Span", "common_prefix", "common_suffix", "diff_spans", "line_matches", "line_spans"]
 
 _WORDS = re.compile(r"\w+|\s+|[^\w\s]")
 _JOINERS = frozenset("-_:.@+#'")  # characters that glue one value together ("2024-05-20", "a.b@c")
@@ -123,9 +123,10 @@ def _aligned(a: list[str], b: list[str], a0: list[int], b0: list[int],
                 out.append(Span(ra + s.ref_start, ra + s.ref_end, qb + s.start, qb + s.end, s.kind))
 
 
-@functools.lru_cache(maxsize=1 << 14)
-def _scan_ranges(text: str) -> tuple[tuple[int, int], ...]:
-    return tuple((m.start, m.end) for m in scan(text))
+@functools.lru_cache(maxsize=1 << 16)
+def line_matches(line: str) -> tuple[Match, ...]:
+    """``scan(line)``, cached: a line is scanned once whether it is masked, widened or classified."""
+    return tuple(scan(line))
 
 
 def _widen(text: str, s: int, e: int) -> tuple[int, int]:
@@ -137,9 +138,9 @@ def _widen(text: str, s: int, e: int) -> tuple[int, int]:
     changed = True
     while changed:
         changed = False
-        for ms, me in _scan_ranges(text):
-            if ms < e and me > s and (ms < s or me > e):
-                s, e = min(s, ms), max(e, me)
+        for m in line_matches(text):
+            if m.start < e and m.end > s and (m.start < s or m.end > e):
+                s, e = min(s, m.start), max(e, m.end)
                 changed = True
     # A value rarely ends in a joiner: "Paris." -> "Paris".
     while e > s and text[e - 1] in _JOINERS and text[e - 1] not in "_#":
@@ -157,16 +158,24 @@ def line_spans(a: str, b: str) -> tuple[Span, ...]:
         p = common_prefix(a, b)
         s = common_suffix(a, b, min(len(a), len(b)) - p)
         return (Span(p, len(a) - s, p, len(b) - s, Kind.WHITESPACE.value),)
-    ta = [m.span() for m in _WORDS.finditer(a)]
-    tb = [m.span() for m in _WORDS.finditer(b)]
+    # Word-diff only the middle: trim the common prefix/suffix back to word boundaries.
+    p = common_prefix(a, b)
+    while p > 0 and (a[p - 1].isalnum() or a[p - 1] in _JOINERS):
+        p -= 1
+    s = common_suffix(a, b, min(len(a), len(b)) - p)
+    while s > 0 and (a[len(a) - s].isalnum() or a[len(a) - s] in _JOINERS):
+        s -= 1
+    end_a, end_b = len(a) - s, len(b) - s
+    ta = [m.span() for m in _WORDS.finditer(a, p, end_a)]
+    tb = [m.span() for m in _WORDS.finditer(b, p, end_b)]
     sm = difflib.SequenceMatcher(None, [a[x:y] for x, y in ta], [b[x:y] for x, y in tb],
                                  autojunk=False)
     runs: list[list[int]] = []
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag == "equal":
             continue
-        ra = (ta[i1][0], ta[i2 - 1][1]) if i2 > i1 else ((ta[i1][0],) * 2 if i1 < len(ta) else (len(a), len(a)))
-        rb = (tb[j1][0], tb[j2 - 1][1]) if j2 > j1 else ((tb[j1][0],) * 2 if j1 < len(tb) else (len(b), len(b)))
+        ra = (ta[i1][0], ta[i2 - 1][1]) if i2 > i1 else ((ta[i1][0],) * 2 if i1 < len(ta) else (end_a, end_a))
+        rb = (tb[j1][0], tb[j2 - 1][1]) if j2 > j1 else ((tb[j1][0],) * 2 if j1 < len(tb) else (end_b, end_b))
         sa, ea = _widen(a, *ra)
         sb, eb = _widen(b, *rb)
         runs.append([sa, ea, sb, eb])
@@ -182,10 +191,10 @@ def line_spans(a: str, b: str) -> tuple[Span, ...]:
         merged.append(r)
     out = []
     for sa, ea, sb, eb in merged:
-        if eb > sb:
-            kind = _block_kind(b[:sb], b[sb:eb], b[eb:])
-        else:
-            kind = _block_kind(a[:sa], a[sa:ea], a[ea:])
+        text, vs, ve = (b, sb, eb) if eb > sb else (a, sa, ea)
+        # A span that is exactly one detected value takes its kind; otherwise classify().
+        exact = [m.kind.value for m in line_matches(text) if (m.start, m.end) == (vs, ve)]
+        kind = exact[0] if exact else _block_kind(text[:vs], text[vs:ve], text[ve:])
         out.append(Span(sa, ea, sb, eb, kind))
     return tuple(out)
 

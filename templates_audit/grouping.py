@@ -30,8 +30,8 @@ from collections.abc import Callable
 
 import xxhash
 
-from templates_audit.detectors import Kind, classify, scan
-from templates_audit.findings import common_prefix, common_suffix
+from templates_audit.detectors import Kind, classify
+from templates_audit.findings import common_prefix, common_suffix, line_matches
 
 __all__ = ["LINE_SIMILARITY", "TemplateIndex", "mask_line"]
 
@@ -46,7 +46,7 @@ RECENT_SHORT = 256
 @functools.lru_cache(maxsize=1 << 16)
 def mask_line(line: str) -> str:
     """``line`` with every detector match replaced by ``\\x00kind\\x00``."""
-    matches = scan(line)
+    matches = line_matches(line)
     if not matches:
         return line
     parts = []
