@@ -63,13 +63,13 @@ class Outcome:
 
 
 async def one(session: aiohttp.ClientSession, url: str, key: int, *, stream: bool,
-              max_tokens: int = 8, timeout: float = 30.0,
+              max_tokens: int = 8, client_timeout: float = 30.0,
               headers: dict[str, str] | None = None) -> Outcome:
     out = Outcome(key, stream, time.monotonic())
     body = chat_body(key, stream=stream, max_tokens=max_tokens)
     try:
         async with session.post(url + "/v1/chat/completions", json=body, headers=headers,
-                                timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                                timeout=aiohttp.ClientTimeout(total=client_timeout)) as resp:
             out.status = resp.status
             out.replica = resp.headers.get("x-prefix-router-replica")
             out.retry_after = resp.headers.get("retry-after")

@@ -17,7 +17,10 @@ streamed) and a poller reads the router's /metrics every 50 ms:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
+import socket
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -71,13 +74,13 @@ class Timeline:
         return None
 
     async def wait(self, since: float, pred: Callable[[dict[str, float]], bool],
-                   timeout: float, what: str) -> float:
-        while time.monotonic() - since < timeout:
+                   within: float, what: str) -> float:
+        while time.monotonic() - since < within:
             found = self.first(since, pred)
             if found is not None:
                 return found
             await asyncio.sleep(self.period)
-        raise AssertionError(f"{what} not seen within {timeout}s")
+        raise AssertionError(f"{what} not seen within {within}s")
 
 
 def chaos_router(start_router: Callable[..., RouterProcess], fleet: Fleet,
@@ -185,7 +188,6 @@ def test_hung_replica(fleet4: Fleet, start_router: Callable[..., RouterProcess],
         t_stop = time.monotonic()
         pid = fleet4.pids[victim_i]
         assert pid is not None
-        import os
         os.kill(pid, signal.SIGSTOP)
         eject = await timeline.wait(t_stop, lambda h: h.get(victim) == 0, EJECT_WITHIN,
                                     "ejection of the hung replica")
@@ -235,7 +237,6 @@ def test_hung_replica_loses_no_non_streamed_request(
         await asyncio.sleep(0.5)
         pid = fleet4.pids[victim_i]
         assert pid is not None
-        import os
         os.kill(pid, signal.SIGSTOP)
         await asyncio.sleep(3.0)
         os.kill(pid, signal.SIGCONT)
@@ -328,14 +329,14 @@ def test_all_down_then_back(fleet4: Fleet, start_router: Callable[..., RouterPro
             await asyncio.to_thread(fleet4.kill, i, signal.SIGKILL)
         t_down = time.monotonic()
         async with aiohttp.ClientSession() as session:
-            down = [await one(session, router.url, k % KEYS, stream=k % 2 == 0, timeout=10)
+            down = [await one(session, router.url, k % KEYS, stream=k % 2 == 0, client_timeout=10)
                     for k in range(scaled(60))]
             await asyncio.gather(*(asyncio.to_thread(fleet4.restart, i)
                                    for i in range(len(fleet4))))
             t_up = time.monotonic()
             recovered: float | None = None
             while time.monotonic() - t_up < READMIT_WITHIN:
-                o = await one(session, router.url, 0, stream=False, timeout=10)
+                o = await one(session, router.url, 0, stream=False, client_timeout=10)
                 if o.kind == "ok":
                     recovered = time.monotonic() - t_up
                     break
@@ -381,3 +382,53 @@ def test_stream_dying_before_first_chunk_is_retried(
     outcomes = asyncio.run(scenario())
     assert [(o.kind, o.status, o.replica) for o in outcomes] == \
         [("ok", 200, fleet.names[1])] * len(outcomes)
+
+
+class Blackhole:
+    """A loopback listener whose accept queue is full: the kernel drops further SYNs, so a
+    connect to it times out (a replica whose host vanished, without leaving 127.0.0.1)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(0)
+        self.port = self.sock.getsockname()[1]
+        self.fillers = []
+        for _ in range(4):   # fill the queue; the next connects stay in SYN_SENT
+            c = socket.socket()
+            c.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                c.connect(("127.0.0.1", self.port))
+            self.fillers.append(c)
+        time.sleep(0.1)
+
+    def close(self) -> None:
+        for c in self.fillers:
+            c.close()
+        self.sock.close()
+
+
+@pytest.mark.xfail(strict=True, reason="router bug: a connect timeout (aiohttp "
+                   "ConnectionTimeoutError, a TimeoutError) is translated to UpstreamTimeout and "
+                   "answered 504 instead of being retried like other connect failures")
+def test_connect_timeout_is_retried(start_fleet: Callable[..., Fleet],
+                                    start_router: Callable[..., RouterProcess]) -> None:
+    fleet = start_fleet(1, speed=50.0)
+    hole = Blackhole()
+    try:
+        cfg = router_config([f"http://127.0.0.1:{hole.port}", fleet.urls[0]], ["hole", "sim-0"],
+                            proxy={"connect_timeout": 0.3},
+                            health={"interval": 30.0, "readmit_backoff": 30.0,
+                                    "readmit_backoff_max": 30.0, "eject_after": 100})
+        router = start_router(cfg)
+
+        async def scenario() -> list[Outcome]:
+            async with aiohttp.ClientSession() as session:
+                return [await one(session, router.url, k, stream=k % 2 == 0)
+                        for k in range(8)]
+
+        outcomes = asyncio.run(scenario())
+    finally:
+        hole.close()
+    assert [(o.kind, o.status, o.replica) for o in outcomes] == \
+        [("ok", 200, "sim-0")] * len(outcomes)
