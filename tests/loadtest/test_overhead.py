@@ -1,0 +1,72 @@
+"""overhead: proxy CPU from /proc, added latency against direct, ratios from one run."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadtest.overhead import OverheadConfig, measure, ratios
+from loadtest.setups import Setup, cpu_seconds
+
+
+def test_cpu_seconds_counts_this_process_and_grows() -> None:
+    before = cpu_seconds(os.getpid())
+    deadline = time.process_time() + 0.05
+    while time.process_time() < deadline:  # burn ~50 ms of CPU
+        pass
+    after = cpu_seconds(os.getpid())
+    assert after >= before + 0.03  # 10 ms ticks
+    assert cpu_seconds(2**22 + 12345) == 0.0  # no such process
+
+
+def _row(setup: str, mode: str, conc: int, cpu_req: float | None,
+         cpu_chunk: float | None = None, added: float | None = None) -> dict[str, Any]:
+    return {"setup": setup, "mode": mode, "concurrency": conc, "cpu_per_request": cpu_req,
+            "cpu_per_chunk": cpu_chunk, "added_p50": added}
+
+
+def test_ratios_use_the_high_concurrency_cells_of_one_run() -> None:
+    rows = [
+        _row("router-prefix", "plain", 1, 9.0, added=0.0004),
+        _row("router-prefix", "plain", 16, 0.0010),
+        _row("router-prefix", "stream", 1, 9.0, added=0.0020),
+        _row("router-prefix", "stream", 16, 0.0030, 0.0030 / 64),
+        _row("sglang-cache_aware", "plain", 16, 0.0005),
+        _row("sglang-cache_aware", "stream", 16, 0.0020, 0.0020 / 64),
+        _row("nginx", "plain", 16, 0.0001),
+    ]
+    r = ratios(rows)
+    assert r["cpu_per_request_vs_sglang"] == pytest.approx(2.0)
+    assert r["cpu_per_chunk_vs_sglang"] == pytest.approx(1.5)
+    assert r["cpu_per_request_vs_nginx"] == pytest.approx(10.0)
+    assert "cpu_per_chunk_vs_nginx" not in r  # nginx has no streamed cell here
+    assert r["added_p50_c1_plain"] == pytest.approx(0.0004)
+    assert r["added_p50_c1_stream"] == pytest.approx(0.0020)
+
+
+@pytest.mark.slow
+def test_measure_router_against_direct(tmp_path: Path) -> None:
+    cfg = OverheadConfig(replicas=1, concurrency=4, latency_requests=10, cpu_requests=40,
+                         chunks=16, rounds=1)
+    res = measure([Setup("direct"), Setup("router", "prefix")], cfg, tmp_path)
+    rows = {(r["setup"], r["mode"], r["concurrency"]): r for r in res["rows"]}
+    assert len(rows) == 8 and res["skipped"] == {}
+    for (setup, mode, conc), r in rows.items():
+        assert r["errors"] == 0
+        assert r["requests"] == (10 if conc == 1 else 40)
+        assert r["latency"]["p50"] > 0
+        if setup == "direct":
+            assert r["cpu_per_request"] is None and r["added_p50"] == 0.0
+        elif conc == 4:
+            assert r["cpu_per_request"] > 0  # 40 requests: many 10 ms ticks of router CPU
+        else:
+            assert r["cpu_per_request"] >= 0
+        if mode == "stream":
+            assert r["chunks_per_request"] == 16
+    router_stream = rows[("router-prefix", "stream", 4)]
+    assert router_stream["cpu_per_chunk"] == pytest.approx(router_stream["cpu_per_request"] / 16)
+    assert "added_p50_c1_plain" in res["ratios"]
