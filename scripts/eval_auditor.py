@@ -75,6 +75,7 @@ ACCEPT: list[tuple[str, frozenset[str]]] = [
     ("thread id", frozenset({"uuid", "hex_id"})),
     ("turn counter", frozenset({"numeric_id", "other"})),
     ("email", frozenset({"email", "name"})),
+    ("incl. node version", frozenset({"version", "other", "name"})),  # path holding a version
     ("path", frozenset({"other", "name"})),
     ("memory", frozenset({"date", "timestamp"})),
     ("datetime", frozenset({"timestamp", "time", "date"})),

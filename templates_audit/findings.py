@@ -166,11 +166,15 @@ def line_spans(a: str, b: str) -> tuple[Span, ...]:
     while s > 0 and (a[len(a) - s].isalnum() or a[len(a) - s] in _JOINERS):
         s -= 1
     end_a, end_b = len(a) - s, len(b) - s
+    runs: list[list[int]] = []
+    if not any(c.isspace() for c in a[p:end_a]) and not any(c.isspace() for c in b[p:end_b]):
+        # One word-like value changed (the common case): no word diff needed.
+        runs.append([*_widen(a, p, end_a), *_widen(b, p, end_b)])
+        return _spans(a, b, runs)
     ta = [m.span() for m in _WORDS.finditer(a, p, end_a)]
     tb = [m.span() for m in _WORDS.finditer(b, p, end_b)]
     sm = difflib.SequenceMatcher(None, [a[x:y] for x, y in ta], [b[x:y] for x, y in tb],
                                  autojunk=False)
-    runs: list[list[int]] = []
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag == "equal":
             continue
@@ -179,6 +183,11 @@ def line_spans(a: str, b: str) -> tuple[Span, ...]:
         sa, ea = _widen(a, *ra)
         sb, eb = _widen(b, *rb)
         runs.append([sa, ea, sb, eb])
+    return _spans(a, b, runs)
+
+
+def _spans(a: str, b: str, runs: list[list[int]]) -> tuple[Span, ...]:
+    """Merge widened runs separated by punctuation/space only, and give each its kind."""
     merged: list[list[int]] = []
     for r in sorted(runs, key=lambda r: (r[2], r[0])):
         if merged:
