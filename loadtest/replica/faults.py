@@ -34,6 +34,7 @@ class FaultSpec:
     exit_after: int | None = None   # exit when the N-th request (counted from now) arrives
     exit_code: int = 1
     exit: bool = False   # exit right after answering the admin request that sets it
+    health_status: int | None = None   # /health answers this (vLLM: 500 once its engine died)
 
     def __post_init__(self) -> None:
         if not (0 <= self.error_rate <= 1 and 0 <= self.hang_rate <= 1):
@@ -42,6 +43,8 @@ class FaultSpec:
             raise ValueError(f"error_status must be 4xx/5xx, got {self.error_status}")
         if self.slow <= 0:
             raise ValueError(f"slow must be > 0, got {self.slow}")
+        if self.health_status is not None and not 200 <= self.health_status <= 599:
+            raise ValueError(f"health_status must be an HTTP status, got {self.health_status}")
         if self.stop_after is not None and self.stop_after < 0:
             raise ValueError("stop_after must be >= 0")
 

@@ -347,7 +347,8 @@ class Replica:
             self.config.model, self.model_path, self.config.max_model_len, self.created))
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_bytes(send, 200, b"", "text/plain", self._headers)
+        status = self.faults.spec.health_status or 200
+        await send_bytes(send, status, b"", "text/plain", self._headers)
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_bytes(send, 200, self.metrics.render(), CONTENT_TYPE, self._headers)

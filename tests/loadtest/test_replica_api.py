@@ -132,6 +132,12 @@ def test_bad_requests_get_vllm_error_objects(replica: Callable[..., str], path: 
     assert r.json()["object"] == "error" and r.json()["code"] == status
 
 
+def test_public_api_is_pinned() -> None:
+    import loadtest.replica
+
+    assert loadtest.replica.__all__ == ["FaultSpec", "Replica", "ReplicaConfig", "scrape", "serve"]
+
+
 def test_invalid_json_is_400(replica: Callable[..., str]) -> None:
     r = HTTP.post(replica() + "/v1/completions", content=b"{nope")
     assert r.status_code == 400

@@ -122,6 +122,15 @@ def test_stop_after_truncates_a_non_streamed_body(sim: Callable[..., str]) -> No
         httpx.post(url + "/v1/completions", json=BODY, timeout=10)
 
 
+def test_health_status_fault(sim: Callable[..., str]) -> None:
+    url = sim()
+    set_fault(url, health_status=503)
+    assert HTTP.get(url + "/health").status_code == 503
+    assert complete(url).status_code == 200          # only the probe fails
+    HTTP.delete(url + "/admin/fault")
+    assert HTTP.get(url + "/health").status_code == 200
+
+
 def test_bad_fault_spec_is_rejected(sim: Callable[..., str]) -> None:
     url = sim()
     assert set_fault(url, explode=True).status_code == 400
