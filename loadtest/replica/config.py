@@ -29,6 +29,7 @@ class ReplicaConfig:
     model_path: str | None = _opt(
         None, "model_path reported by /server_info (sglang-router loads a tokenizer from it); "
               "default: the --tokenizer directory, else the model name")
+    api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on /v1/* (as vLLM --api-key)")
     tokenizer: str | None = _opt(None, "HF tokenizer.json (default: built-in ~4 chars/token)")
     chat_template: str | None = _opt(None, "Jinja chat template file (default: ChatML)")
     block_size: int = _opt(16, "KV block size in tokens")

@@ -131,6 +131,7 @@ class Replica:
             ("GET", "/get_model_info"): self._model_info,
         }
         self._headers = [(b"x-replica-name", config.name.encode())]
+        self._bearer = f"Bearer {config.api_key}".encode() if config.api_key else None
 
     # -- state -----------------------------------------------------------------------------------
     @property
@@ -182,6 +183,10 @@ class Replica:
             status = 405 if any(p == path for _, p in self._routes) else 404
             await self.send_error(send, ApiError(status, f"{scope['method']} {path} not found",
                                                  "NotFoundError"))
+            return
+        if self._bearer is not None and path.startswith("/v1") and (
+                dict(scope["headers"]).get(b"authorization") != self._bearer):
+            await send_json(send, 401, {"error": "Unauthorized"}, self._headers)  # vLLM's shape
             return
         if not self.config.instant:
             self.engine.start()  # idempotent; covers servers run without lifespan

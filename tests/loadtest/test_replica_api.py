@@ -132,6 +132,17 @@ def test_bad_requests_get_vllm_error_objects(replica: Callable[..., str], path: 
     assert r.json()["object"] == "error" and r.json()["code"] == status
 
 
+def test_api_key_guards_v1_like_vllm(replica: Callable[..., str]) -> None:
+    url = replica(api_key="sk-sim")
+    assert HTTP.get(url + "/v1/models").status_code == 401
+    assert HTTP.get(url + "/v1/models", headers={"authorization": "Bearer nope"}).status_code == 401
+    assert HTTP.get(url + "/health").status_code == 200          # only /v1 is guarded
+    good: Any = openai.OpenAI(base_url=url + "/v1", api_key="sk-sim", max_retries=0)
+    assert good.completions.create(model="m", prompt="hi", max_tokens=1).usage.completion_tokens == 1
+    with pytest.raises(openai.AuthenticationError):
+        client(url).completions.create(model="m", prompt="hi", max_tokens=1)
+
+
 def test_public_api_is_pinned() -> None:
     import loadtest.replica
 
