@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import socket
 from typing import Any
 
@@ -68,9 +69,14 @@ class UvicornListener:
                 app_state=server.lifespan.state)
 
         async def reopen() -> None:
-            sock = bind_socket(self._host, self._port)
-            server.servers[0] = await loop.create_server(protocol, sock=sock,
-                                                         backlog=config.backlog)
+            try:
+                sock = bind_socket(self._host, self._port)
+                server.servers[0] = await loop.create_server(protocol, sock=sock,
+                                                             backlog=config.backlog)
+            except OSError as exc:
+                self._open = False
+                logging.getLogger("uvicorn.error").error("cannot listen again on %s:%s: %s",
+                                                         self._host, self._port, exc)
 
         self._open = True
         self._reopening = loop.create_task(reopen())
