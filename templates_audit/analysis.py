@@ -32,11 +32,8 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 import functools
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-
-import xxhash
 
 from templates_audit.blocks import PrefixCache, block_hashes, hit_rate
 from templates_audit.findings import Span, diff_spans
@@ -45,6 +42,7 @@ from templates_audit.model import BadLine, Finding, Report, Role, Summary, Templ
 from templates_audit.prompts import Prompt, PromptBuilder, prepare
 from templates_audit.render import ChatRenderer, TemplateError
 from templates_audit.replay import Head, Replay
+from templates_audit.state import SpanStats, StaticPart, TemplateState
 from templates_audit.suggest import redact, suggestion
 from templates_audit.tokenize import DefaultTokenizer, Tokenizer, default_tokenizer
 from templates_audit.traces import Record
@@ -52,108 +50,13 @@ from templates_audit.traces import Record
 __all__ = ["DEFAULT_CACHE_BLOCKS", "Auditor", "analyze"]
 
 DEFAULT_CACHE_BLOCKS = 1 << 16  # 1M tokens at block size 16: more than one GPU's KV pool holds
-MAX_SPANS = 64
 STATIC_CACHE = 256  # recent distinct static parts whose tokens and hashes are kept
-MAX_DISTINCT = 4096
-MAX_EXAMPLES = 5
 MAX_BAD_SAMPLES = 10
 CONTEXT_CHARS = 40
 # Two probe instants that differ in every field strftime can print (year ... second, weekday).
 PROBE_CLOCKS = (dt.datetime(2024, 1, 2, 3, 4, 5), dt.datetime(2025, 11, 28, 17, 45, 50))
 _MEANINGFUL_KINDS = frozenset({"timestamp", "date", "time", "uuid", "hex_id", "numeric_id",
                                "name", "email", "version", "secret", "reordered_block"})
-
-
-@dataclass
-class _SpanStats:
-    ref_start: int
-    ref_end: int
-    role: Role
-    kinds: Counter[str] = field(default_factory=Counter)
-    values: set[int] = field(default_factory=set)
-    capped: bool = False
-    examples: list[str] = field(default_factory=list)
-    differed: int = 0
-    multi_line: bool = False
-    injected: bool = False  # found by the strftime_now probe: the template writes it
-
-    def add_value(self, value: str) -> None:
-        h = xxhash.xxh3_64_intdigest(value.encode("utf-8", "surrogatepass"))
-        if h not in self.values:
-            if len(self.values) >= MAX_DISTINCT:
-                self.capped = True
-            else:
-                self.values.add(h)
-                if len(self.examples) < MAX_EXAMPLES:
-                    self.examples.append(value)
-
-
-@dataclass(frozen=True, eq=False)
-class _Static:
-    """One distinct static part: its tokens, its blocks (as a replay head) and its diff."""
-
-    text: str
-    ids: list[int]
-    head: Head
-    spans: list[Span]
-
-
-@dataclass
-class _TemplateState:
-    id: str
-    static_text: str
-    static_ids: list[int]
-    offsets: list[int]
-    head: Head  # block hashes of static_ids (full blocks), in the observed cache
-    ach_head: Head  # the same hashes, in the achievable cache
-    roles: tuple[tuple[int, int, Role], ...]
-    tools_json: str
-    is_chat: bool
-    reference: str = ""
-    requests: int = 0
-    spans: list[_SpanStats] = field(default_factory=list)
-    overflow: int = 0  # spans dropped beyond MAX_SPANS
-
-    def token_at(self, char: int) -> int:
-        return max(bisect.bisect_right(self.offsets, char) - 1, 0)
-
-    def role_at(self, start: int, value: str) -> Role:
-        if not self.is_chat:
-            return Role.PROMPT
-        for s, e, role in self.roles:
-            if s <= start < e or (s < e and start == e and not value):
-                return role
-        if self.tools_json and value and value in self.tools_json:
-            return Role.TOOLS
-        return Role.TEMPLATE
-
-    def observe(self, spans: Iterable[Span], text: str) -> None:
-        for sp in spans:
-            stats = self.stats_for(sp)
-            if stats is None:
-                continue
-            stats.kinds[sp.kind] += 1
-            stats.differed += 1
-            stats.multi_line |= sp.multi_line
-            stats.add_value(text[sp.start:sp.end])
-
-    def stats_for(self, sp: Span) -> _SpanStats | None:
-        for st in self.spans:
-            if (st.ref_start < sp.ref_end and sp.ref_start < st.ref_end) or (
-                st.ref_start == sp.ref_start and st.ref_end == sp.ref_end
-            ):
-                if sp.ref_start < st.ref_start or sp.ref_end > st.ref_end:
-                    st.ref_start = min(st.ref_start, sp.ref_start)
-                    st.ref_end = max(st.ref_end, sp.ref_end)
-                return st
-        if len(self.spans) >= MAX_SPANS:
-            self.overflow += 1
-            return None
-        value = self.static_text[sp.ref_start:sp.ref_end]
-        st = _SpanStats(sp.ref_start, sp.ref_end, self.role_at(sp.ref_start, value))
-        st.add_value(value)  # the reference's own value is one of the distinct values
-        self.spans.append(st)
-        return st
 
 
 class Auditor:
@@ -180,11 +83,11 @@ class Auditor:
         self.block_size = block_size
         self.redact_values = redact_values
         self.index = TemplateIndex()
-        self.templates: dict[str, _TemplateState] = {}
+        self.templates: dict[str, TemplateState] = {}
         self.observed = Replay(PrefixCache(cache_blocks, block_size))
         self.achievable = Replay(PrefixCache(cache_blocks, block_size))
         self._line_tokenizer = isinstance(self.tokenizer, DefaultTokenizer)
-        self._static_lru: OrderedDict[int, _Static] = OrderedDict()
+        self._static_lru: OrderedDict[int, StaticPart] = OrderedDict()
         self.requests = 0
         self.prompt_tokens = 0
         self.bad_lines = 0
@@ -242,18 +145,18 @@ class Auditor:
             tpl.observe(entry.spans, static_text)
         self._feed_caches(tpl, entry, tail_ids)
 
-    def _static_entry(self, tpl: _TemplateState, text: str, ids: list[int], key: int) -> _Static:
+    def _static_entry(self, tpl: TemplateState, text: str, ids: list[int], key: int) -> StaticPart:
         """Tokens, block hashes and diff of one distinct static part, kept for its repeats."""
         bs = self.block_size
         head = tpl.head.hashes
         if text == tpl.static_text:
-            entry = _Static(text, tpl.static_ids, tpl.head, [])
+            entry = StaticPart(text, tpl.static_ids, tpl.head, [])
         else:
             shared = _shared_blocks(ids, tpl.static_ids, len(head), bs)
             n_full = len(ids) // bs
             hashes = head[:shared] + block_hashes(ids[shared * bs:n_full * bs], bs,
                                                   parent=head[shared - 1] if shared else None)
-            entry = _Static(text, ids, Head(hashes), diff_spans(tpl.static_text, text))
+            entry = StaticPart(text, ids, Head(hashes), diff_spans(tpl.static_text, text))
         self._static_lru[key] = entry
         if len(self._static_lru) > STATIC_CACHE:
             self._static_lru.popitem(last=False)
@@ -268,7 +171,7 @@ class Auditor:
 
     # -- templates ----------------------------------------------------------------------------
     def _template(self, record: Record, prompt: Prompt, static_ids: list[int],
-                  offsets: list[int] | None, key: int) -> _TemplateState:
+                  offsets: list[int] | None, key: int) -> TemplateState:
         model = record.model or ""
         text = prompt.static_text
         tid, masked = self.index.find(model, text, key)
@@ -280,7 +183,7 @@ class Auditor:
             if offsets is None:
                 offsets = self.tokenizer.encode_with_offsets(text)[1]
             hashes = block_hashes(static_ids, self.block_size)
-            tpl = _TemplateState(
+            tpl = TemplateState(
                 id=tid, static_text=text, static_ids=static_ids, offsets=offsets,
                 head=Head(hashes), ach_head=Head(hashes),
                 roles=prompt.roles, tools_json=prompt.tools_json, is_chat=prompt.is_chat,
@@ -291,7 +194,7 @@ class Auditor:
             self.templates[tid] = tpl
         return self.templates[tid]
 
-    def _probe(self, tpl: _TemplateState, record: Record) -> None:
+    def _probe(self, tpl: TemplateState, record: Record) -> None:
         try:
             a, b = (prepare(record, r).static_text for r in self._probes)
         except TemplateError:
@@ -311,7 +214,7 @@ class Auditor:
                 stats.role = Role.TEMPLATE
 
     # -- caches -------------------------------------------------------------------------------
-    def _feed_caches(self, tpl: _TemplateState, entry: _Static, tail_ids: list[int]) -> None:
+    def _feed_caches(self, tpl: TemplateState, entry: StaticPart, tail_ids: list[int]) -> None:
         bs = self.block_size
         ref_ids, head = tpl.static_ids, tpl.head.hashes
         k = len(head)
@@ -357,7 +260,7 @@ class Auditor:
         )
         return Report(summary, tuple(templates), tuple(findings), tuple(self.bad_samples))
 
-    def _finding(self, tpl: _TemplateState, st: _SpanStats) -> Finding | None:
+    def _finding(self, tpl: TemplateState, st: SpanStats) -> Finding | None:
         text = tpl.static_text
         after = text[st.ref_end:]
         if not after.strip() and not st.injected:
@@ -425,7 +328,7 @@ def _value_len(ref: str, start: int, probe_after: str) -> int:
     return (end - start) if end >= 0 else 0
 
 
-def _example_prefix(tpl: _TemplateState, limit: int = 160) -> str:
+def _example_prefix(tpl: TemplateState, limit: int = 160) -> str:
     start = tpl.roles[0][0] if tpl.roles else 0
     return tpl.static_text[start:start + limit]
 

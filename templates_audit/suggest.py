@@ -3,7 +3,7 @@
 ``suggestion`` names the span by its static lead-in (``Current date: …``) so the reader can find
 it in the prompt source, and states the gain in tokens. ``redact`` keeps a value's kind and shape
 but not its content: digits -> ``#``, letters -> ``x``/``X``, names -> first letter + ``***``,
-secrets -> ``***``.
+emails -> ``a***@***.com``, secrets -> ``***``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def _where(role: Role) -> str:
 
 
 def suggestion(kind: str, role: Role, before: str, tokens_lost: float) -> str:
-    gain = int(round(tokens_lost))
+    gain = round(tokens_lost)
     tail = (f"; the {gain:,} static tokens after it become cacheable" if gain > 0
             else "; it costs less than one KV block today, but keep volatile values last")
     name = f"`{lead_in(before)}…`" if lead_in(before) else "the volatile value"
@@ -66,7 +66,8 @@ def redact(value: str, kind: str) -> str:
         return " ".join((w[:1] + "***") if w else w for w in value.split(" "))
     if kind == "email":
         local, _, domain = value.partition("@")
-        return (local[:1] + "***@" + domain) if domain else "***"
+        tld = domain.rsplit(".", 1)[-1] if "." in domain else ""
+        return f"{local[:1]}***@***.{tld}" if tld else "***"
     out = []
     for c in value:
         if c.isdigit():

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from templates_audit import analysis
+from templates_audit import state
 from templates_audit.analysis import Auditor, analyze
 from templates_audit.blocks import PrefixCache, block_hashes
 from templates_audit.model import Report
@@ -164,13 +164,13 @@ def test_redaction_keeps_shape_only() -> None:
 
 
 def test_state_is_bounded_by_templates_not_requests(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(analysis, "MAX_DISTINCT", 10)
+    monkeypatch.setattr(state, "MAX_DISTINCT", 10)
     auditor = Auditor(cache_blocks=64)
     for i in range(300):
         auditor.add(chat(f"Request id 7{i:06d}42 at 2024-05-20T10:{i % 60:02d}:00Z\n" + BODY, "x", i))
     [tpl] = auditor.templates.values()
     assert len(tpl.spans) <= 2
-    assert all(len(st.values) <= 10 and len(st.examples) <= analysis.MAX_EXAMPLES for st in tpl.spans)
+    assert all(len(st.values) <= 10 and len(st.examples) <= state.MAX_EXAMPLES for st in tpl.spans)
     [*findings] = auditor.report().findings
     assert findings and all(f.distinct_values_capped for f in findings)
 

@@ -1,0 +1,119 @@
+"""Per-template accumulators of the audit: the reference, the span statistics, repeated static parts.
+
+Bounded by construction: at most :data:`MAX_SPANS` spans per template, each with at most
+:data:`MAX_DISTINCT` value hashes (then ``capped``) and :data:`MAX_EXAMPLES` examples. Spans are
+keyed by their position in the template's reference prompt; a span that overlaps a known one is
+merged into it (the union of their ranges), so a value seen as ``May 3`` and ``May 13`` is one span.
+Cost: O(spans of the template) per observed span — a handful.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import xxhash
+
+from templates_audit.findings import Span
+from templates_audit.model import Role
+from templates_audit.replay import Head
+
+__all__ = ["MAX_DISTINCT", "MAX_EXAMPLES", "MAX_SPANS", "SpanStats", "StaticPart", "TemplateState"]
+
+MAX_SPANS = 64
+MAX_DISTINCT = 4096
+MAX_EXAMPLES = 5
+
+
+@dataclass
+class SpanStats:
+    ref_start: int
+    ref_end: int
+    role: Role
+    kinds: Counter[str] = field(default_factory=Counter)
+    values: set[int] = field(default_factory=set)
+    capped: bool = False
+    examples: list[str] = field(default_factory=list)
+    differed: int = 0
+    multi_line: bool = False
+    injected: bool = False  # found by the strftime_now probe: the template writes it
+
+    def add_value(self, value: str) -> None:
+        h = xxhash.xxh3_64_intdigest(value.encode("utf-8", "surrogatepass"))
+        if h not in self.values:
+            if len(self.values) >= MAX_DISTINCT:
+                self.capped = True
+            else:
+                self.values.add(h)
+                if len(self.examples) < MAX_EXAMPLES:
+                    self.examples.append(value)
+
+
+@dataclass(frozen=True, eq=False)
+class StaticPart:
+    """One distinct static part: its tokens, its blocks (as a replay head) and its diff."""
+
+    text: str
+    ids: list[int]
+    head: Head
+    spans: list[Span]
+
+
+@dataclass
+class TemplateState:
+    id: str
+    static_text: str
+    static_ids: list[int]
+    offsets: list[int]
+    head: Head  # block hashes of static_ids (full blocks), in the observed cache
+    ach_head: Head  # the same hashes, in the achievable cache
+    roles: tuple[tuple[int, int, Role], ...]
+    tools_json: str
+    is_chat: bool
+    reference: str = ""
+    requests: int = 0
+    spans: list[SpanStats] = field(default_factory=list)
+    overflow: int = 0  # spans dropped beyond MAX_SPANS
+
+    def token_at(self, char: int) -> int:
+        return max(bisect.bisect_right(self.offsets, char) - 1, 0)
+
+    def role_at(self, start: int, value: str) -> Role:
+        if not self.is_chat:
+            return Role.PROMPT
+        for s, e, role in self.roles:
+            if s <= start < e or (s < e and start == e and not value):
+                return role
+        if self.tools_json and value and value in self.tools_json:
+            return Role.TOOLS
+        return Role.TEMPLATE
+
+    def observe(self, spans: Iterable[Span], text: str) -> None:
+        for sp in spans:
+            stats = self.stats_for(sp)
+            if stats is None:
+                continue
+            stats.kinds[sp.kind] += 1
+            stats.differed += 1
+            stats.multi_line |= sp.multi_line
+            stats.add_value(text[sp.start:sp.end])
+
+    def stats_for(self, sp: Span) -> SpanStats | None:
+        for st in self.spans:
+            if (st.ref_start < sp.ref_end and sp.ref_start < st.ref_end) or (
+                st.ref_start == sp.ref_start and st.ref_end == sp.ref_end
+            ):
+                if sp.ref_start < st.ref_start or sp.ref_end > st.ref_end:
+                    st.ref_start = min(st.ref_start, sp.ref_start)
+                    st.ref_end = max(st.ref_end, sp.ref_end)
+                return st
+        if len(self.spans) >= MAX_SPANS:
+            self.overflow += 1
+            return None
+        value = self.static_text[sp.ref_start:sp.ref_end]
+        st = SpanStats(sp.ref_start, sp.ref_end, self.role_at(sp.ref_start, value))
+        st.add_value(value)  # the reference's own value is one of the distinct values
+        self.spans.append(st)
+        return st
