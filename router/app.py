@@ -40,6 +40,7 @@ from typing import Any
 import aiohttp
 import uvicorn
 
+from router import accesslog
 from router.accesslog import CLIENT_CLOSED, AccessRecord, emit
 from router.auth import ClientAuth, upstream_authorization
 from router.discovery import Discovery, make_discovery
@@ -268,6 +269,8 @@ class RouterApp:
         if s.scrape.enabled:
             self._tasks.append(asyncio.create_task(self.health.run_scrapes(self._control),
                                                    name="scrape"))
+        if s.logging.access_log:
+            self._tasks.append(asyncio.create_task(_flush_access_log(), name="access-log"))
         if s.admin.enabled:
             await self._start_admin()
 
@@ -456,6 +459,15 @@ class RouterApp:
                     seen.add(mid)
                     data.append(m)
         await send_json(send, 200, {"object": "list", "data": data})
+
+
+async def _flush_access_log() -> None:
+    try:
+        while True:
+            await asyncio.sleep(1.0)
+            accesslog.flush()
+    finally:
+        accesslog.flush()
 
 
 def create_app(settings: Settings, *, discovery: Discovery | None = None) -> RouterApp:

@@ -155,7 +155,7 @@ def log_config(settings: Settings) -> dict[str, Any]:
     cfg: dict[str, Any] = json.loads(json.dumps(LOGGING_CONFIG))
     level = settings.logging.level.upper()
     cfg["formatters"]["json_line"] = {"format": "%(message)s"}
-    cfg["handlers"]["access_json"] = {"class": "logging.StreamHandler",
+    cfg["handlers"]["access_json"] = {"class": "router.accesslog.BufferedLineHandler",
                                       "formatter": "json_line", "stream": "ext://sys.stdout"}
     cfg["loggers"]["prefix_router"] = {"handlers": ["default"], "level": level,
                                        "propagate": False}
@@ -181,7 +181,7 @@ def run_uvicorn(settings: Settings) -> None:
         host=settings.listen.host, port=settings.listen.port, loop="uvloop", http="httptools",
         lifespan="on", interface="asgi3", log_config=log_config(settings),
         log_level=settings.logging.level,
-        access_log=False, server_header=False, date_header=False,
+        access_log=False, server_header=False, date_header=False, proxy_headers=False,
         timeout_graceful_shutdown=settings.shutdown.grace_period)
     if settings.workers == 1:
         from router.app import create_app

@@ -71,17 +71,16 @@ def strip_hop_by_hop(headers: Iterable[tuple[bytes, bytes]],
 
     Names must be lowercase (ASGI guarantees it for requests; responses are lowered here).
     """
-    headers = list(headers)
-    named: set[bytes] = set()
-    for name, value in headers:
-        if name.lower() == b"connection":
-            named.update(t.strip().lower() for t in value.split(b","))
     out = []
+    named: set[bytes] | None = None
     for name, value in headers:
         lname = name.lower()
-        if lname in HOP_BY_HOP or lname in also or lname in named or lname.startswith(b"proxy-"):
-            continue
-        out.append((lname, value))
+        if lname == b"connection":
+            named = (named or set()) | {t.strip().lower() for t in value.split(b",")}
+        elif not (lname in HOP_BY_HOP or lname in also or lname.startswith(b"proxy-")):
+            out.append((lname, value))
+    if named:
+        out = [h for h in out if h[0] not in named]
     return out
 
 
