@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from loadtest.replica.engine import Engine, EngineLimits, EngineRequest, _Seq
+from loadtest.replica.engine import Engine, EngineLimits, EngineRequest
 from loadtest.replica.timing import TimingModel
 from loadtest.stats import max_over_mean, summarize
 from router.keys import KeyConfig, derive
@@ -84,28 +84,14 @@ class SimResult:
         return asdict(self)
 
 
-class _VirtualEngine(Engine):
-    """The replica's engine with arrival times taken from the virtual clock, not asyncio."""
-
-    def __init__(self, limits: EngineLimits, timing: TimingModel) -> None:
-        super().__init__(limits, timing)
-        self.now = 0.0
-
-    def _new_seq(self, req: EngineRequest) -> _Seq:
-        self._check(req)
-        hashes = (list(req.prompt_hashes) if req.prompt_hashes is not None
-                  else block_hashes(req.prompt_ids, self.limits.block_size))
-        return _Seq(req=req, arrival=self.now, ids=list(req.prompt_ids), hashes=hashes,
-                    prompt_len=len(req.prompt_ids))
-
-
 def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
     names = [f"r{i}" for i in range(config.replicas)]
     limits = EngineLimits(block_size=config.block_size, kv_blocks=config.kv_blocks,
                           max_num_seqs=config.max_num_seqs,
                           max_num_batched_tokens=config.max_num_batched_tokens,
                           max_model_len=1 << 30)
-    engines = {n: _VirtualEngine(limits, config.timing) for n in names}
+    clock = [0.0]  # the virtual clock every engine reads arrival times from
+    engines = {n: Engine(limits, config.timing, clock=lambda: clock[0]) for n in names}
     rset = ReplicaSet(ring_kind=config.ring)
     from router.discovery.base import Endpoint
 
@@ -124,15 +110,13 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
     done: dict[int, float] = {}
     per_replica: dict[str, int] = dict.fromkeys(names, 0)
     branches: dict[str, int] = {}
-    owner: dict[int, tuple[str, _Seq]] = {}
     seq_counter = itertools.count()
     now = 0.0
     wall0 = time.perf_counter()
 
     def start_step(name: str, t: float) -> None:
         eng = engines[name]
-        eng.now = t
-        plan = eng._schedule()
+        plan = eng.schedule()
         if not plan.chunks:
             busy[name] = False
             return
@@ -143,6 +127,7 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
 
     while heap:
         now, _, kind, payload = heapq.heappop(heap)
+        clock[0] = now
         if kind == "arrive":
             req: SimRequest = payload
             key = derive(req.path, req.headers, req.key_body, key_config)
@@ -156,22 +141,18 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
             branches[str(decision.branch)] = branches.get(str(decision.branch), 0) + 1
             per_replica[name] += 1
             eng = engines[name]
-            eng.now = now
             rid = len(arrivals)
             arrivals[rid] = now
             hashes = req.prompt_hashes
             if hashes is not None and len(hashes) * config.block_size > len(req.prompt_ids):
                 hashes = None  # precomputed for another block size
-            handle = eng.submit(EngineRequest(request_id=str(rid), prompt_ids=req.prompt_ids,
-                                              max_tokens=req.max_tokens, prompt_hashes=hashes))
-            owner[rid] = (name, handle._seq)
+            eng.submit(EngineRequest(request_id=str(rid), prompt_ids=req.prompt_ids,
+                                     max_tokens=req.max_tokens, prompt_hashes=hashes))
             if not busy[name]:
                 start_step(name, now)
         else:
             name, plan = payload
-            eng = engines[name]
-            eng.now = now
-            eng._apply(plan, now)
+            engines[name].apply(plan, now)
             for seq, _n in plan.chunks:
                 rid = int(seq.req.request_id)
                 if seq.generated >= 1 and rid not in first:
