@@ -106,6 +106,18 @@ def audit_file(path: Path, tokenizer: str | None) -> tuple[int, float, float]:
     return report.summary.requests, elapsed, report.summary.prompt_tokens / max(report.summary.requests, 1)
 
 
+def lazy_vs_exact(n: int, templates: int) -> tuple[float, float, float, float]:
+    """Observed/achievable hit rates with the lazy head refresh and with every block inserted."""
+    out = []
+    for exact in (False, True):
+        auditor = Auditor(cache_blocks=DEFAULT_CACHE_BLOCKS, exact_replay=exact)
+        for i, raw in enumerate(lines(n, templates)):
+            auditor.add(parse_record(raw[:-1], "cmp", i + 1))
+        s = auditor.report().summary
+        out += [s.observed_hit_rate, s.achievable_hit_rate]
+    return out[0], out[1], out[2], out[3]
+
+
 def memory_child(n: int, templates: int) -> None:
     auditor = Auditor(cache_blocks=DEFAULT_CACHE_BLOCKS)
     for i, raw in enumerate(lines(n, templates)):
@@ -122,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hf-requests", type=int, default=5000)
     p.add_argument("--templates", type=int, default=30)
     p.add_argument("--memory", type=int, nargs="*", default=[10000, 100000])
+    p.add_argument("--compare", type=int, default=5000,
+                   help="requests for the lazy-vs-exact replay comparison")
     p.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory_child:
@@ -147,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
             n, secs, avg = audit_file(small, str(tok))
             print(f"--tokenizer (BPE, vocab 4,096): {n:,} requests (~{avg:,.0f} tokens each) in "
                   f"{secs:.2f} CPU s = {n / secs:,.0f} requests/s")
+    lo, la, eo, ea = lazy_vs_exact(args.compare, args.templates)
+    print(f"bounded pool, {args.compare:,} requests: lazy head refresh observed {lo:.5f} / "
+          f"achievable {la:.5f}; every block inserted {eo:.5f} / {ea:.5f}")
     for n in args.memory:
         out = subprocess.run([sys.executable, __file__, "--memory-child", str(n),
                               "--templates", str(args.templates)],

@@ -70,6 +70,7 @@ class Auditor:
         block_size: int = 16,
         cache_blocks: int | None = None,
         redact_values: bool = False,
+        exact_replay: bool = False,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be > 0, got {block_size}")
@@ -84,8 +85,8 @@ class Auditor:
         self.redact_values = redact_values
         self.index = TemplateIndex()
         self.templates: dict[str, TemplateState] = {}
-        self.observed = Replay(PrefixCache(cache_blocks, block_size))
-        self.achievable = Replay(PrefixCache(cache_blocks, block_size))
+        self.observed = Replay(PrefixCache(cache_blocks, block_size), exact=exact_replay)
+        self.achievable = Replay(PrefixCache(cache_blocks, block_size), exact=exact_replay)
         self._line_tokenizer = isinstance(self.tokenizer, DefaultTokenizer)
         self._static_lru: OrderedDict[int, StaticPart] = OrderedDict()
         self.requests = 0

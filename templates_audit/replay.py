@@ -11,12 +11,17 @@ first ``shared`` blocks are cached hits ``shared`` blocks plus whatever its tail
 ``insert(tail, num_tokens - shared * block_size)`` plus ``shared`` blocks equals
 ``insert(all hashes, num_tokens)`` — the block math stays in ``blocks.py``.
 
-When are head blocks provably cached? In an unbounded pool, once inserted, forever. In a bounded
-LRU pool a block freed at the most-recently-used end survives at least ``num_blocks - B``
-evictions (B = blocks of one request); a head is therefore trusted only for
-``num_blocks // 4`` evictions after a request that inserted it in full, and the next request of
-that template after the window pays the full insert, which refreshes it. Skipping the head's
-LRU touches in between only changes the relative age of head blocks, which stay inside the window.
+When are head blocks provably cached? In an unbounded pool (``num_blocks=None``), once inserted,
+forever: the shortcut is **exact** (a unit test replays random traces both ways).
+
+In a bounded LRU pool the shortcut is an approximation, used only with ``exact=False``: a head is
+trusted for ``num_blocks // 4`` block allocations after a request that inserted it in full (a
+block freed at the most-recently-used end survives at least ``num_blocks - B`` allocations from
+the free queue, B = blocks of one request), and the next request of that head after the window pays the full insert, which
+refreshes it. What it gets wrong: vLLM touches a head's blocks on *every* use, the shortcut only
+at refresh, so a head that is used, goes idle and is evicted can be evicted up to one window
+earlier than in vLLM. With a busy template (the case the shortcut is for) the head never ages
+out and the two agree; docs/auditor.md gives the measured difference.
 
 Cost per request: O(tail blocks) in the common case, O(all blocks) once per window per template.
 """
@@ -35,21 +40,24 @@ class Head:
     """A template's reference block hashes and when they were last inserted in full."""
 
     hashes: list[int]
-    refreshed_at: int = -1  # cache.evictions at the last full insert; -1 = never
+    refreshed_at: int = -1  # Replay.allocated at the last full insert; -1 = never
     fresh_blocks: int = 0  # how many leading head blocks that insert covered
 
 
 class Replay:
-    def __init__(self, cache: PrefixCache) -> None:
+    def __init__(self, cache: PrefixCache, *, exact: bool = False) -> None:
         self.cache = cache
         self.hits = 0
         self.queries = 0
+        self.allocated = 0  # blocks taken from the free queue (evicting or not)
         self._window = None if cache.num_blocks is None else cache.num_blocks // 4
+        # A bounded pool is replayed block by block when exactness is asked for.
+        self._lazy = cache.num_blocks is None or not exact
 
     def _fresh(self, head: Head, shared: int) -> bool:
-        if head.refreshed_at < 0 or shared > head.fresh_blocks:
+        if not self._lazy or head.refreshed_at < 0 or shared > head.fresh_blocks:
             return False
-        return self._window is None or self.cache.evictions - head.refreshed_at < self._window
+        return self._window is None or self.allocated - head.refreshed_at < self._window
 
     def serve(self, head: Head, shared: int, tail: list[int], num_tokens: int) -> int:
         """Serve a request whose hashes are ``head.hashes[:shared] + tail``; its hit tokens."""
@@ -63,8 +71,9 @@ class Replay:
             hit = shared * bs + cache.insert(tail, num_tokens - shared * bs, record=False)
         else:
             hit = cache.insert(head.hashes[:shared] + tail, num_tokens, record=False)
-            head.refreshed_at = cache.evictions
+            head.refreshed_at = self.allocated
             head.fresh_blocks = shared
+        self.allocated += cache.blocks_for(num_tokens) - hit // bs
         self.hits += hit
         self.queries += num_tokens
         return hit

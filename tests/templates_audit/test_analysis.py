@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Callable
 
 import pytest
@@ -12,6 +13,7 @@ from templates_audit.analysis import Auditor, analyze
 from templates_audit.blocks import PrefixCache, block_hashes
 from templates_audit.model import Report
 from templates_audit.render import ChatRenderer
+from templates_audit.replay import Head, Replay
 from templates_audit.tokenize import default_tokenizer
 from templates_audit.traces import Record
 
@@ -180,3 +182,41 @@ def test_template_render_errors_become_bad_lines() -> None:
     report = analyze([chat("S", "U")], renderer=renderer)
     assert report.summary.requests == 0 and report.summary.bad_lines == 1
     assert "no system role" in report.bad_line_samples[0].error
+
+
+REPLAY_CASES = [
+    # (pool blocks, exact) — a replay of random requests must equal inserting every block
+    (None, False),  # unbounded pool: the lazy head shortcut is exact
+    (64, True),  # small LRU pool, exact mode: every block inserted, heads age like in vLLM
+    (24, True),  # pool barely above two requests: constant eviction, still exact
+]
+
+
+@pytest.mark.parametrize(("num_blocks", "exact"), REPLAY_CASES)
+def test_replay_equals_inserting_every_block(num_blocks: int | None, exact: bool) -> None:
+    rng = random.Random(num_blocks or 0)
+    naive, fast = PrefixCache(num_blocks, 4), Replay(PrefixCache(num_blocks, 4), exact=exact)
+    head_ids = [list(range(h * 1000, h * 1000 + 40 + h)) for h in range(4)]
+    heads = [Head(block_hashes(ids, 4)) for ids in head_ids]
+    for _ in range(600):
+        h = rng.randrange(4)
+        ids = head_ids[h] + [rng.randrange(30) for _ in range(rng.randrange(0, 12))]
+        hashes = block_hashes(ids, 4)
+        k = len(heads[h].hashes)
+        assert fast.serve(heads[h], k, hashes[k:], len(ids)) == naive.insert(hashes, len(ids))
+
+
+def test_lazy_replay_of_a_bounded_pool_stays_close_with_busy_heads() -> None:
+    # Heads reused constantly (the case the shortcut is for): the lazy LRU refresh agrees.
+    rng = random.Random(5)
+    naive, fast = PrefixCache(512, 4), Replay(PrefixCache(512, 4))
+    head_ids = [list(range(h * 1000, h * 1000 + 40)) for h in range(3)]
+    heads = [Head(block_hashes(ids, 4)) for ids in head_ids]
+    expected = got = 0
+    for _ in range(3000):
+        h = rng.randrange(3)
+        ids = head_ids[h] + [rng.randrange(10**6) for _ in range(rng.randrange(1, 20))]
+        hashes = block_hashes(ids, 4)
+        expected += naive.insert(hashes, len(ids))
+        got += fast.serve(heads[h], 10, hashes[10:], len(ids))
+    assert got == expected
