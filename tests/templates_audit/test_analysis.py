@@ -11,6 +11,7 @@ import pytest
 from templates_audit import state
 from templates_audit.analysis import Auditor, analyze
 from templates_audit.blocks import PrefixCache, block_hashes
+from templates_audit.findings import diff_spans
 from templates_audit.model import Report
 from templates_audit.render import ChatRenderer
 from templates_audit.replay import Head, Replay
@@ -219,4 +220,25 @@ def test_lazy_replay_of_a_bounded_pool_stays_close_with_busy_heads() -> None:
         hashes = block_hashes(ids, 4)
         expected += naive.insert(hashes, len(ids))
         got += fast.serve(heads[h], 10, hashes[10:], len(ids))
+    assert got == expected
+
+
+SPANS = [
+    # (reference static text, request static text, [(ref value, request value, kind)])
+    ("Date: 2024-05-20\nx", "Date: 2024-05-21\nx", [("2024-05-20", "2024-05-21", "date")]),  # fragment widened to the value
+    ("Now 08:32PM Monday, May 13, 2024.\nx", "Now 11:05AM Tuesday, May 14, 2024.\nx",
+     [("08:32PM Monday, May 13, 2024", "11:05AM Tuesday, May 14, 2024", "timestamp")]),  # one detected value, many words
+    ("Hi Alice. Today is Thursday, 24 April 2025 in Paris.", "Hi Bob. Today is Friday, 25 April 2025 in Rome.",
+     [("Alice", "Bob", "name"), ("Thursday, 24 April 2025", "Friday, 25 April 2025", "date"),
+      ("Paris", "Rome", "other")]),  # three values on one line stay three spans
+    ("a\nQ: 1\nQ: 2\nb", "a\nQ: 2\nQ: 1\nb", [("Q: 1\nQ: 2", "Q: 2\nQ: 1", "reordered_block")]),  # shuffled lines
+    ("a  b\nc", "a b\nc", [(" ", "", "whitespace")]),  # whitespace only
+    ("head\nend", "head\nmail 1\nmail 2\nend", [("", "mail 1\nmail 2", "other")]),  # injected lines
+    ("same\ntext", "same\ntext", []),  # identical: nothing
+]
+
+
+@pytest.mark.parametrize(("ref", "req", "expected"), SPANS)
+def test_diff_spans(ref: str, req: str, expected: list[tuple[str, str, str]]) -> None:
+    got = [(ref[s.ref_start:s.ref_end], req[s.start:s.end], s.kind) for s in diff_spans(ref, req)]
     assert got == expected

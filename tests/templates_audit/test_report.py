@@ -8,6 +8,7 @@ import pytest
 
 from templates_audit.model import BadLine, Finding, Report, Role, Summary, Template
 from templates_audit.report import json_report, markdown, text
+from templates_audit.suggest import redact
 
 SUMMARY = Summary(requests=120, bad_lines=2, templates=1, block_size=16,
                   observed_hit_rate=0.25, achievable_hit_rate=0.9)
@@ -96,3 +97,19 @@ def test_markdown(report: Report, present: str, absent: str | None) -> None:
     out = markdown.render(report)
     assert present in out
     assert absent is None or absent not in out
+
+
+REDACT = [
+    # (value, kind, masked) — shape and kind survive, content does not
+    ("2024-05-20", "date", "####-##-##"),  # digits -> '#'
+    ("08:32PM", "time", "##:##XX"),  # letters -> 'X'/'x' by case
+    ("Alice Smith", "name", "A*** S***"),  # names keep initials only
+    ("bob@example.com", "email", "b***@***.com"),  # local part and domain hidden, TLD kept
+    ("sk-abc123", "secret", "***"),  # secrets keep nothing
+    ("7a5c84cc-5040", "uuid", "#x#x##xx-####"),  # ids keep their layout
+]
+
+
+@pytest.mark.parametrize(("value", "kind", "masked"), REDACT)
+def test_redact(value: str, kind: str, masked: str) -> None:
+    assert redact(value, kind) == masked
