@@ -104,7 +104,8 @@ def test_iter_trace_reads_gzip_plain_and_unreadable_files(tmp_path: Path) -> Non
         fh.write(json.dumps({"prompt": "P"}) + "\n")
     items = list(iter_trace([str(plain), str(packed), str(tmp_path / "missing.jsonl")]))
     assert isinstance(items[0], Record) and items[0].messages is not None
-    assert items[1] == BadLine(str(plain), 3, items[1].error)  # blank line 2 skipped silently
+    bad = items[1]
+    assert isinstance(bad, BadLine) and (bad.file, bad.line) == (str(plain), 3)  # blank line 2 skipped
     assert isinstance(items[2], Record) and items[2].prompt == "P"
     assert isinstance(items[3], BadLine) and items[3].line == 0 and "cannot read" in items[3].error
 
