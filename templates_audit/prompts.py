@@ -94,6 +94,14 @@ def _slot(i: int) -> str:
     return f"\ue000{i}\ue001"
 
 
+def _structure_key(msgs: list[dict[str, Any]], tools: Any) -> str:
+    """Everything about a request but its message contents (roles, tool calls, tools)."""
+    if not tools and all(len(m) == 2 for m in msgs):  # only role + content: the common case
+        return "\x00".join(str(m.get("role")) for m in msgs)
+    return json.dumps([[{k: v for k, v in m.items() if k != "content"} for m in msgs], tools],
+                      sort_keys=True, default=str)
+
+
 def _static_index(messages: list[dict[str, Any]]) -> int:
     return next((i for i, m in enumerate(messages) if m.get("role") not in STATIC_ROLES),
                 len(messages) - 1)
@@ -112,8 +120,7 @@ class PromptBuilder:
         msgs = record.messages
         if not self.enabled or msgs is None:
             return prepare(record, self.renderer)
-        key = json.dumps([[{k: v for k, v in m.items() if k != "content"} for m in msgs],
-                          record.tools], sort_keys=True, default=str)
+        key = _structure_key(msgs, record.tools)
         if key in self._skeletons:
             skel = self._skeletons[key]
             if skel is None:
