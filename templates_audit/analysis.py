@@ -135,6 +135,8 @@ class Auditor:
             ids, offs = self.tokenizer.encode_with_offsets(prompt.text)
             cut = bisect.bisect_left(offs, end)
             static_ids, tail_ids, offsets = ids[:cut], ids[cut:], offs[:cut]
+            if entry is not None and entry.ids != static_ids:
+                entry = None  # the tail's first token merged across the boundary differently
         if tpl is None:
             tpl = self._template(record, prompt, static_ids, offsets, key)
         if entry is None:
