@@ -18,7 +18,7 @@ static membership at once, then starts discovery, health probes, the load scrape
 optional admin listener as tasks; shutdown cancels and awaits them and closes the sessions.
 Constructing a RouterApp starts nothing, so tests can build many.
 
-`app_factory()` builds the app from the settings JSON in `SETTINGS_ENV`, which is how
+`app_factory()` builds the app from the settings file named by `SETTINGS_ENV`, which is how
 `uvicorn --workers N` processes get their configuration. Every worker computes the same routing
 decision for the same key and membership because the policy is a pure function of both (loads
 differ per worker: each counts its own in-flight requests plus the shared scraped gauges).
@@ -475,7 +475,7 @@ def create_app(settings: Settings, *, discovery: Discovery | None = None) -> Rou
 
 
 def app_factory() -> RouterApp:
-    """uvicorn factory for worker processes: settings come from `SETTINGS_ENV`."""
+    """uvicorn factory for worker processes: settings come from the file `SETTINGS_ENV` names."""
     return create_app(settings_from_env())
 
 

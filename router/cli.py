@@ -9,8 +9,8 @@
 
 Configuration problems exit with status 2 and one line on stderr naming the key and value.
 Flags override the file (each validated like its YAML key). With `--workers N > 1` uvicorn
-spawns N processes that import `router.app:app_factory` and read the settings from
-`SETTINGS_ENV`; metrics are merged across them through prometheus_client's multiprocess mode
+spawns N processes that import `router.app:app_factory` and read the settings from the JSON file
+named by `SETTINGS_ENV` (in a private temporary directory); metrics are merged across them through prometheus_client's multiprocess mode
 (a private temporary directory, removed on exit).
 """
 
@@ -28,7 +28,14 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
-from router.settings import POLICIES, SETTINGS_ENV, Settings, SettingsError, load_settings
+from router.settings import (
+    POLICIES,
+    SETTINGS_ENV,
+    Settings,
+    SettingsError,
+    load_settings,
+    write_settings_file,
+)
 
 PROG = "prefix-router"
 DEMO_REPLICAS = 4
@@ -188,13 +195,17 @@ def run_uvicorn(settings: Settings) -> None:
 
         uvicorn.run(create_app(settings), **common)
         return
-    prom_dir = tempfile.mkdtemp(prefix="prefix-router-metrics-")
-    os.environ[SETTINGS_ENV] = settings.to_json()
+    tmp = tempfile.mkdtemp(prefix="prefix-router-")  # mode 0700
+    prom_dir = os.path.join(tmp, "metrics")
+    os.mkdir(prom_dir)
+    settings_file = os.path.join(tmp, "settings.json")
+    write_settings_file(settings, settings_file)
+    os.environ[SETTINGS_ENV] = settings_file
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = prom_dir
     try:
         uvicorn.run("router.app:app_factory", factory=True, workers=settings.workers, **common)
     finally:
-        shutil.rmtree(prom_dir, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # nginx-config / hash-key ---------------------------------------------------------------------

@@ -58,8 +58,9 @@ Send = Callable[[Message], Awaitable[None]]
 HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate",
                         b"proxy-authorization", b"proxy-connection", b"te", b"trailer",
                         b"transfer-encoding", b"upgrade"})
-# Not hop-by-hop, but recomputed by the client library from the URL / body it sends.
-_REQUEST_RECOMPUTED = frozenset({b"host", b"content-length"})
+# Not hop-by-hop, but recomputed by the client library from the URL / body it sends; the body is
+# already complete, so a client's Expect: 100-continue has been answered and must not go on.
+_REQUEST_RECOMPUTED = frozenset({b"host", b"content-length", b"expect"})
 RETRY_STATUSES = frozenset({502, 503})
 REPLICA_HEADER = b"x-prefix-router-replica"
 _URL_CACHE_MAX = 4096
@@ -172,14 +173,18 @@ class Forwarder:
         method = scope["method"]
         raw_path = scope.get("raw_path") or scope["path"].encode()
         query = scope.get("query_string", b"")
-        max_attempts = up.settings.max_attempts
-        tried = 0
+        # the chosen replica, then the still-available candidates, capped at max_attempts; the
+        # last one relays even a 502/503 (there is nobody left to retry on)
+        plan: list[ReplicaState] = []
         for name in candidates:
             replica = up.replicas.get(name)
-            if replica is None or (tried and not replica.available):
-                continue
-            tried += 1
-            last = tried >= max_attempts
+            if replica is not None and (not plan or replica.available):
+                plan.append(replica)
+                if len(plan) >= up.settings.max_attempts:
+                    break
+        for tried, replica in enumerate(plan, 1):
+            name = replica.name
+            last = tried == len(plan)
             record.replica, record.attempts = name, tried
             url = self._url(replica.url, raw_path, query)
             try:
@@ -192,8 +197,6 @@ class Forwarder:
             if retry_reason is None:
                 return
             up.metrics.retry(name, retry_reason)
-            if last:
-                break
         raise NoReplicaAvailable("no replica reachable", retry_after=1)
 
     async def _one(self, replica: ReplicaState, method: str, url: URL,

@@ -8,7 +8,8 @@ with the dotted key and quotes the bad value, e.g.
 `routing.load_factor: expected a number > 1, got 'abc'`.
 
 `Settings.to_dict()` / `Settings.from_dict()` round-trip exactly (sizes are stored as int bytes),
-which is how settings reach uvicorn worker processes (`SETTINGS_ENV` holds the JSON).
+which is how settings reach uvicorn worker processes: `SETTINGS_ENV` names a JSON file (mode 0600,
+so API keys from the YAML do not end up in the environment).
 Cost: linear in the size of the document; done once per process.
 """
 
@@ -25,7 +26,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-SETTINGS_ENV = "PREFIX_ROUTER_SETTINGS_JSON"
+SETTINGS_ENV = "PREFIX_ROUTER_SETTINGS_FILE"
 
 POLICIES = ("prefix", "round_robin", "least_loaded")
 RINGS = ("xxhash", "nginx")
@@ -470,12 +471,24 @@ def load_settings(path: str | os.PathLike[str]) -> Settings:
     return Settings.from_dict(data)
 
 
+def write_settings_file(settings: Settings, path: str | os.PathLike[str]) -> None:
+    """The JSON a worker process reads back with `settings_from_env` (owner-only permissions)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(settings.to_json())
+
+
 def settings_from_env(environ: Mapping[str, str] = os.environ) -> Settings:
-    """Settings handed to a uvicorn worker process through `SETTINGS_ENV`."""
-    raw = environ.get(SETTINGS_ENV)
-    if not raw:
+    """Settings handed to a uvicorn worker process: the JSON file named by `SETTINGS_ENV`."""
+    path = environ.get(SETTINGS_ENV)
+    if not path:
         raise SettingsError(f"{SETTINGS_ENV}: not set (start workers via `prefix-router serve`)")
-    return Settings.from_dict(json.loads(raw))
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise SettingsError(f"{SETTINGS_ENV}: cannot read {path!r} ({exc})") from exc
+    return Settings.from_dict(data)
 
 
 def _one_line(text: str) -> str:

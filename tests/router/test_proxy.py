@@ -80,10 +80,16 @@ def test_upstream_503_retried_then_last_answer_relayed(fake_fleet: Any,
     assert r.status_code == 503
     assert r.json()["error"]["message"] == "r1 says 503"
     assert fleet.counts() == {"r0": 1, "r1": 1}
+    # fewer replicas than max_attempts (3): the last candidate's 503 is relayed too
+    srv3, app3 = router_server(router_settings(fleet.urls))
+    r = httpx.post(srv3.url + "/v1/chat/completions", json=chat(),
+                   headers={"x-fake-status": "503", "x-prefix-hash": key_homed_on(app3, "r1")})
+    assert r.status_code == 503 and r.json()["error"]["message"] == "r0 says 503"
+    assert fleet.counts() == {"r0": 2, "r1": 2}
     # a 4xx is the replica's answer, never retried
     r = httpx.post(srv.url + "/v1/chat/completions", json=chat(),
                    headers={"x-fake-status": "422", "x-prefix-hash": key_homed_on(app, "r0")})
-    assert r.status_code == 422 and fleet.counts() == {"r0": 2, "r1": 1}
+    assert r.status_code == 422 and fleet.counts() == {"r0": 3, "r1": 2}
 
 
 def test_raw_body_bytes_and_end_to_end_headers_reach_the_replica(fake_fleet: Any,
@@ -94,13 +100,15 @@ def test_raw_body_bytes_and_end_to_end_headers_reach_the_replica(fake_fleet: Any
            '{"role":"user","content":"h\\u00e9"}],   "model" : "fake-model", "z":1.50}').encode()
     r = httpx.post(srv.url + "/v1/chat/completions?x=1%2F2", content=raw, headers={
         "content-type": "application/json", "authorization": "Bearer client-key",
-        "x-custom": "v", "connection": "x-hop", "x-hop": "drop", "proxy-authorization": "p"})
+        "x-custom": "v", "connection": "x-hop", "x-hop": "drop", "proxy-authorization": "p",
+        "expect": "100-continue"})
     assert r.status_code == 200
     seen = fleet.replicas[0].requests[-1]
     assert seen.body == raw  # not re-serialised
     assert seen.headers["authorization"] == "Bearer client-key"
     assert seen.headers["x-custom"] == "v"
-    assert "x-hop" not in seen.headers and "proxy-authorization" not in seen.headers
+    for gone in ("x-hop", "proxy-authorization", "connection", "expect"):
+        assert gone not in seen.headers
 
 
 def test_response_hop_by_hop_headers_dropped(fake_fleet: Any, router_server: Any) -> None:

@@ -13,6 +13,7 @@ from router.settings import (
     load_settings,
     parse_size,
     settings_from_env,
+    write_settings_file,
 )
 
 ONE = [{"name": "r0", "url": "http://127.0.0.1:8101"}]
@@ -95,13 +96,18 @@ def test_parse_size_rejects(value: object) -> None:
         parse_size(value)
 
 
-def test_round_trip_through_json_env() -> None:
+def test_round_trip_through_the_worker_settings_file(tmp_path: Path) -> None:
     s = Settings.from_dict({"replicas": ONE, "proxy": {"max_body_bytes": "1KiB"},
                             "auth": {"api_keys": ["a", "b"]}, "admin": {"port": 9100}})
     assert Settings.from_dict(s.to_dict()) == s
-    assert settings_from_env({SETTINGS_ENV: s.to_json()}) == s
+    path = tmp_path / "settings.json"
+    write_settings_file(s, path)
+    assert path.stat().st_mode & 0o777 == 0o600  # holds API keys
+    assert settings_from_env({SETTINGS_ENV: str(path)}) == s
     with pytest.raises(SettingsError, match=SETTINGS_ENV):
         settings_from_env({})
+    with pytest.raises(SettingsError, match="cannot read"):
+        settings_from_env({SETTINGS_ENV: str(tmp_path / "missing.json")})
 
 
 def test_overrides_are_validated_like_yaml_keys() -> None:
