@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -146,3 +147,28 @@ def test_serve_flag_form_end_to_end(threaded_server: Any, workers: int) -> None:
     assert code == 0, out
     assert '"status":200' in out  # JSON access log lines on stdout
     assert "billing" not in out and "support desk" not in out
+
+
+def test_sigterm_finishes_in_flight_requests_then_exits(threaded_server: Any) -> None:
+    fake = FakeReplica("a")
+    url = threaded_server(fake.app()).url
+    port = free_port()
+    proc = serve_process(["--backend", url], port)
+    base = f"http://127.0.0.1:{port}"
+    results: list[int] = []
+
+    def slow() -> None:
+        r = httpx.post(base + "/v1/chat/completions", json={**BODY, "stream": True},
+                       headers={"x-fake-chunks": "5", "x-fake-chunk-delay": "0.3"}, timeout=30)
+        results.append(r.status_code if r.text.rstrip().endswith("[DONE]") else -1)
+
+    t = threading.Thread(target=slow)
+    t.start()
+    deadline = time.monotonic() + 10
+    while fake.running == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    code, out = stop(proc)  # SIGTERM while the stream is running
+    t.join(timeout=30)
+    assert results == [200]  # the stream was finished, not cut
+    assert code == 0, out
+    assert "Waiting for application shutdown" in out
