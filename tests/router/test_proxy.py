@@ -8,9 +8,11 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from router.app import RouterApp
-from router.proxy import strip_hop_by_hop
+from router.proxy import HOP_BY_HOP, strip_hop_by_hop
 from tests.conftest import free_port
 from tests.integration.conftest import fake_fleet, router_server, router_settings  # noqa: F401
 
@@ -220,3 +222,22 @@ def test_client_disconnect_aborts_upstream(fake_fleet: Any, router_server: Any,
     assert wait_until(lambda: r0.in_flight == 0)
     assert len(fake.requests) == 1  # a disconnect is never retried
     assert "499" in httpx.get(srv.url + "/metrics").text
+
+
+_NAMES = st.sampled_from([b"connection", b"keep-alive", b"te", b"upgrade", b"proxy-x",
+                          b"transfer-encoding", b"x-a", b"x-b", b"content-type", b"Authorization"])
+
+
+@given(st.lists(st.tuples(_NAMES, st.sampled_from([b"1", b"x-a", b"close, X-B", b"v"])),
+                max_size=12))
+def test_strip_hop_by_hop_properties(headers: list[tuple[bytes, bytes]]) -> None:
+    out = strip_hop_by_hop(headers)
+    named = {t.strip().lower() for n, v in headers if n.lower() == b"connection"
+             for t in v.split(b",")}
+    for name, _ in out:
+        assert name not in HOP_BY_HOP and not name.startswith(b"proxy-") and name not in named
+    # everything else survives, in order, with lowered names
+    expected = [(n.lower(), v) for n, v in headers
+                if n.lower() not in HOP_BY_HOP and not n.lower().startswith(b"proxy-")
+                and n.lower() not in named]
+    assert out == expected
