@@ -3,12 +3,12 @@
 Each replica is one ``vllm serve`` process from the virtualenv that ``scripts/vllm_env.sh``
 builds, serving the tiny local model from ``scripts/make_tiny_model.py`` with dummy weights.
 Every replica is started in a new session, so it leads its own process group; ``stop()``
-signals exactly those groups (vLLM's engine core is a child process) — TERM, a grace period,
-then KILL. Replica ``i`` is pinned to core ``i % nproc`` (``VLLM_CPU_OMP_THREADS_BIND``), logs
+signals exactly those groups (vLLM's engine core and worker are child processes) — TERM, a
+grace period, then KILL — and returns once no live process is left in them. Replica ``i`` is pinned to core ``i % nproc`` (``VLLM_CPU_OMP_THREADS_BIND``), logs
 to ``<log_dir>/<name>.log`` and listens on a port from the kernel.
 
-Replicas start concurrently; start-up (~25-40 s with ``--enforce-eager`` on 2 cores) ends when
-``GET /v1/models`` answers. A replica that exits or misses the deadline fails ``start()`` with
+Replicas start concurrently; start-up (mostly Python imports, three per replica: ~90-190 s on
+two busy shared cores, see docs/vllm.md) ends when ``GET /v1/models`` answers. A replica that exits or misses the deadline fails ``start()`` with
 the tail of its log in the message.
 
     with VllmFleet(n=2, model_dir=find_env().model_dir) as fleet:
@@ -307,7 +307,7 @@ class VllmFleet:
             raise RuntimeError(f"{self.names[i]}: reset_prefix_cache answered {exc.code}") from exc
 
     def rss_bytes(self, i: int) -> int:
-        """Resident memory of replica ``i``'s whole process group (API server + engine core)."""
+        """Resident memory of replica ``i``'s whole process group (API server, engine, worker)."""
         page = os.sysconf("SC_PAGE_SIZE")
         return sum(rss * page for _, rss in _group_members(self.procs[i].pid))
 

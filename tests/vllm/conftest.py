@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -88,19 +89,20 @@ def router_settings(fleet: VllmFleet, **sections: Any) -> Any:
     return Settings.from_dict(data)
 
 
+@dataclass(frozen=True)
+class RouterUnderTest:
+    url: str
+    app: Any  # router.app.RouterApp: its replica states and metrics are read directly
+
+
 @pytest.fixture
-def router(fleet: VllmFleet) -> Iterator[Any]:
-    """A real router (in-process uvicorn on 127.0.0.1) in front of the fleet; `.app` exposes state."""
+def router(fleet: VllmFleet) -> Iterator[RouterUnderTest]:
+    """A real router (in-process uvicorn on 127.0.0.1) in front of the fleet."""
     from router.app import create_app
 
     app = create_app(router_settings(fleet))
-    server = ThreadedServer(app)
-    server.start()
-    server.app = app  # type: ignore[attr-defined]
-    try:
-        yield server
-    finally:
-        server.stop()
+    with ThreadedServer(app) as server:
+        yield RouterUnderTest(server.url, app)
 
 
 @pytest.fixture

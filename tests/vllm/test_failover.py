@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -19,6 +19,9 @@ from loadtest.vllm_fleet import VllmFleet, parse_metrics
 
 from ._prompts import chat
 
+if TYPE_CHECKING:
+    from .conftest import RouterUnderTest
+
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 RUN_LAST = True
 
@@ -26,11 +29,16 @@ REQUESTS = 12
 MAX_TOKENS = 48
 
 
-def test_killing_a_replica_loses_no_unstreamed_request(fleet: VllmFleet, router: Any,
-                                                       unique: str) -> None:
+def test_killing_a_replica_loses_no_unstreamed_request(
+    fleet: VllmFleet, router: RouterUnderTest, unique: str
+) -> None:
     def send(k: int) -> tuple[int, str, int]:
-        body = {"model": "tiny-llama", "messages": chat(f"{unique}-{k}", "answer briefly"),
-                "max_tokens": MAX_TOKENS, "ignore_eos": True}
+        body = {
+            "model": "tiny-llama",
+            "messages": chat(f"{unique}-{k}", "answer briefly"),
+            "max_tokens": MAX_TOKENS,
+            "ignore_eos": True,
+        }
         with httpx.Client(base_url=router.url, timeout=180) as http:
             resp = http.post("/v1/chat/completions", json=body)
         tokens = resp.json()["usage"]["completion_tokens"] if resp.status_code == 200 else -1
@@ -40,8 +48,11 @@ def test_killing_a_replica_loses_no_unstreamed_request(fleet: VllmFleet, router:
         futures = [pool.submit(send, k) for k in range(REQUESTS)]
         victim = None
         for _ in range(600):  # bounded wait until a replica is busy with some of them
-            busy = [i for i in range(fleet.n)
-                    if fleet.metrics(i).get("vllm:num_requests_running", 0) >= 1]
+            busy = [
+                i
+                for i in range(fleet.n)
+                if fleet.metrics(i).get("vllm:num_requests_running", 0) >= 1
+            ]
             if busy:
                 victim = busy[-1]
                 break
@@ -57,6 +68,8 @@ def test_killing_a_replica_loses_no_unstreamed_request(fleet: VllmFleet, router:
     survivor = fleet.names[1 - victim]
     retries = parse_metrics(router.app.metrics.render()[0].decode())
     retried = retries.get("prefix_router_retries_total", 0)
-    print(f"\nkilled {fleet.names[victim]}; answers from {sorted(served_by)}; retries {retried:.0f}")
+    print(
+        f"\nkilled {fleet.names[victim]}; answers from {sorted(served_by)}; retries {retried:.0f}"
+    )
     assert survivor in served_by
     assert retried >= 1, "the kill hit no request: nothing exercised the retry path"

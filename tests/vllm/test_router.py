@@ -8,7 +8,7 @@ the other replica sees no query at all), and the load scrape reading vLLM's real
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -17,16 +17,24 @@ from loadtest.vllm_fleet import VllmFleet
 
 from ._prompts import chat, prose
 
+if TYPE_CHECKING:
+    from .conftest import RouterUnderTest
+
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 REPLICA_HEADER = "x-prefix-router-replica"
 
 
-def test_chat_not_streamed(fleet: VllmFleet, router: Any, openai_client, unique) -> None:
+def test_chat_not_streamed(
+    fleet: VllmFleet, router: RouterUnderTest, openai_client, unique
+) -> None:
     client = openai_client(router.url)
     raw = client.chat.completions.with_raw_response.create(
-        model="tiny-llama", messages=chat(unique, "hello"), max_tokens=5,
-        extra_body={"ignore_eos": True})
+        model="tiny-llama",
+        messages=chat(unique, "hello"),
+        max_tokens=5,
+        extra_body={"ignore_eos": True},
+    )
     resp = raw.parse()
     assert raw.headers[REPLICA_HEADER] in fleet.names
     assert resp.object == "chat.completion"
@@ -34,43 +42,61 @@ def test_chat_not_streamed(fleet: VllmFleet, router: Any, openai_client, unique)
     assert isinstance(resp.choices[0].message.content, str)
 
 
-def test_chat_streamed(fleet: VllmFleet, router: Any, openai_client, unique) -> None:
+def test_chat_streamed(fleet: VllmFleet, router: RouterUnderTest, openai_client, unique) -> None:
     client = openai_client(router.url)
     stream = client.chat.completions.create(
-        model="tiny-llama", messages=chat(unique, "hello"), max_tokens=6, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        model="tiny-llama",
+        messages=chat(unique, "hello"),
+        max_tokens=6,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
     chunks = list(stream)
     assert all(c.object == "chat.completion.chunk" for c in chunks)
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
-    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     assert finish == ["length"]
 
 
-def test_completions_not_streamed(fleet: VllmFleet, router: Any, openai_client, unique) -> None:
+def test_completions_not_streamed(
+    fleet: VllmFleet, router: RouterUnderTest, openai_client, unique
+) -> None:
     client = openai_client(router.url)
-    resp = client.completions.create(model="tiny-llama", prompt=prose(unique, 80), max_tokens=4,
-                                     extra_body={"ignore_eos": True})
+    resp = client.completions.create(
+        model="tiny-llama", prompt=prose(unique, 80), max_tokens=4, extra_body={"ignore_eos": True}
+    )
     assert resp.object == "text_completion"
     assert resp.usage.completion_tokens == 4 and isinstance(resp.choices[0].text, str)
 
 
-def test_completions_streamed(fleet: VllmFleet, router: Any, openai_client, unique) -> None:
+def test_completions_streamed(
+    fleet: VllmFleet, router: RouterUnderTest, openai_client, unique
+) -> None:
     client = openai_client(router.url)
-    stream = client.completions.create(model="tiny-llama", prompt=prose(unique, 80), max_tokens=7,
-                                       stream=True, stream_options={"include_usage": True},
-                                       extra_body={"ignore_eos": True})
+    stream = client.completions.create(
+        model="tiny-llama",
+        prompt=prose(unique, 80),
+        max_tokens=7,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
     chunks = list(stream)
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 7
     assert "".join(c.choices[0].text for c in chunks if c.choices)
 
 
-def test_models_listed_through_router(router: Any, openai_client) -> None:
+def test_models_listed_through_router(router: RouterUnderTest, openai_client) -> None:
     models = openai_client(router.url).models.list()
     assert [m.id for m in models.data] == ["tiny-llama"]
 
 
-def test_same_prefix_hits_only_the_chosen_replica(fleet: VllmFleet, router: Any, openai_client,
-                                                  unique) -> None:
+def test_same_prefix_hits_only_the_chosen_replica(
+    fleet: VllmFleet, router: RouterUnderTest, openai_client, unique
+) -> None:
     client = openai_client(router.url)
     before = [fleet.prefix_cache(i) for i in range(fleet.n)]
     chosen: list[str] = []
@@ -78,7 +104,8 @@ def test_same_prefix_hits_only_the_chosen_replica(fleet: VllmFleet, router: Any,
     cached: list[int] = []
     for question in ("first question", "second question", "third question"):
         raw = client.chat.completions.with_raw_response.create(
-            model="tiny-llama", messages=chat(unique, question), max_tokens=1)
+            model="tiny-llama", messages=chat(unique, question), max_tokens=1
+        )
         usage = raw.parse().usage
         chosen.append(raw.headers[REPLICA_HEADER])
         prompt_tokens.append(usage.prompt_tokens)
@@ -96,11 +123,18 @@ def test_same_prefix_hits_only_the_chosen_replica(fleet: VllmFleet, router: Any,
     assert after[other] == before[other], "the other replica saw none of these prompts"
 
 
-def test_router_scrapes_real_vllm_load(fleet: VllmFleet, router: Any, unique) -> None:
-    body = {"model": "tiny-llama", "messages": chat(unique, "go on"), "max_tokens": 1500,
-            "stream": True, "ignore_eos": True}
-    with httpx.Client(base_url=router.url, timeout=120) as http, \
-            http.stream("POST", "/v1/chat/completions", json=body) as resp:
+def test_router_scrapes_real_vllm_load(fleet: VllmFleet, router: RouterUnderTest, unique) -> None:
+    body = {
+        "model": "tiny-llama",
+        "messages": chat(unique, "go on"),
+        "max_tokens": 1500,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    with (
+        httpx.Client(base_url=router.url, timeout=120) as http,
+        http.stream("POST", "/v1/chat/completions", json=body) as resp,
+    ):
         assert resp.status_code == 200
         name = resp.headers[REPLICA_HEADER]
         lines = resp.iter_lines()
