@@ -118,13 +118,25 @@ def lazy_vs_exact(n: int, templates: int) -> tuple[float, float, float, float]:
     return out[0], out[1], out[2], out[3]
 
 
+def peak_rss_kib() -> int:
+    """Peak RSS of this process image. ``VmHWM``, not ``ru_maxrss``: Linux carries ru_maxrss
+    across fork+exec, so a child would report its parent's peak."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def memory_child(n: int, templates: int) -> None:
     auditor = Auditor(cache_blocks=DEFAULT_CACHE_BLOCKS)
     for i, raw in enumerate(lines(n, templates)):
         auditor.add(parse_record(raw[:-1], "mem", i + 1))
     report = auditor.report()
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"requests": report.summary.requests, "peak_rss_mib": peak_kib / 1024,
+    print(json.dumps({"requests": report.summary.requests, "peak_rss_mib": peak_rss_kib() / 1024,
                       "templates": report.summary.templates, "findings": len(report.findings)}))
 
 
