@@ -22,9 +22,8 @@ can no longer be sent. Bodies are built with json.dumps only (messages never con
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator
+from types import TracebackType
 
 import aiohttp
 
@@ -115,18 +114,29 @@ def sse_error_event(err: RouterError) -> bytes:
     return b"data: " + error_body(err) + b"\n\n"
 
 
-@contextlib.contextmanager
-def translate_upstream(replica: str, phase: str) -> Iterator[None]:
+class translate_upstream:
     """Re-raise transport failures talking to `replica` as UpstreamError (`phase` is for the
-    message)."""
-    try:
-        yield
-    except UpstreamError:
-        raise
-    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-        raise UpstreamTimeout(f"replica {replica} timed out ({phase})") from exc
-    except (aiohttp.ClientConnectionError, ConnectionError) as exc:
-        # connection refused/reset/closed: the replica never produced a response we relayed
-        raise UpstreamConnectError(f"replica {replica} unreachable ({phase})") from exc
-    except (aiohttp.ClientError, OSError) as exc:
-        raise UpstreamError(f"replica {replica} failed ({phase}: {type(exc).__name__})") from exc
+    message). A class rather than @contextmanager: it runs twice per proxied request and a
+    generator-based context manager costs several times more."""
+
+    __slots__ = ("phase", "replica")
+
+    def __init__(self, replica: str, phase: str) -> None:
+        self.replica = replica
+        self.phase = phase
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc is None or isinstance(exc, UpstreamError) or not isinstance(exc, Exception):
+            return  # nothing raised, already translated, or cancellation: propagate unchanged
+        where = f"replica {self.replica}"
+        if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+            raise UpstreamTimeout(f"{where} timed out ({self.phase})") from exc
+        if isinstance(exc, aiohttp.ClientConnectionError | ConnectionError):
+            # connection refused/reset/closed: the replica never produced a response we relayed
+            raise UpstreamConnectError(f"{where} unreachable ({self.phase})") from exc
+        if isinstance(exc, aiohttp.ClientError | OSError):
+            raise UpstreamError(f"{where} failed ({self.phase}: {type(exc).__name__})") from exc

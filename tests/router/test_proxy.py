@@ -1,17 +1,20 @@
 # ruff: noqa: F811  (fixtures imported from tests/integration/conftest.py)
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from router.app import RouterApp
+from router.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout, translate_upstream
 from router.proxy import HOP_BY_HOP, strip_hop_by_hop
 from tests.conftest import free_port
 from tests.integration.conftest import fake_fleet, router_server, router_settings  # noqa: F401
@@ -241,3 +244,27 @@ def test_strip_hop_by_hop_properties(headers: list[tuple[bytes, bytes]]) -> None
                 if n.lower() not in HOP_BY_HOP and not n.lower().startswith(b"proxy-")
                 and n.lower() not in named]
     assert out == expected
+
+
+@pytest.mark.parametrize(("raised", "expected"), [
+    # one line per transport failure class: what the proxy sees instead
+    (TimeoutError(), UpstreamTimeout),
+    (aiohttp.ServerTimeoutError("read"), UpstreamTimeout),
+    (aiohttp.ServerDisconnectedError(), UpstreamConnectError),
+    (ConnectionResetError(), UpstreamConnectError),
+    (aiohttp.ClientOSError(104, "reset"), UpstreamConnectError),
+    (aiohttp.ClientPayloadError("bad chunk"), UpstreamError),
+    (OSError("weird"), UpstreamError),
+])
+def test_translate_upstream(raised: Exception, expected: type[UpstreamError]) -> None:
+    with pytest.raises(expected) as err, translate_upstream("r7", "stream"):
+        raise raised
+    assert type(err.value) is expected and "r7" in str(err.value)
+    assert err.value.__cause__ is raised
+
+
+def test_translate_upstream_leaves_other_exceptions_alone() -> None:
+    with pytest.raises(ValueError), translate_upstream("r7", "x"):
+        raise ValueError("not a transport failure")
+    with pytest.raises(asyncio.CancelledError), translate_upstream("r7", "x"):
+        raise asyncio.CancelledError
