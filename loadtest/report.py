@@ -353,4 +353,19 @@ def benchmarks_markdown(data: Mapping[str, Any], figures: Mapping[str, Any], doc
             _simulate_table(sim),
             _img(figures, "simulate", doc_dir, "simulated hit rate and TTFT per policy"),
         ]
+    out += [
+        "## Reproduce\n",
+        "```",
+        "make bench                                   # this page and docs/img/bench-*.png",
+        "python -m loadtest.bench --quick             # smoke run of the whole pipeline (~2 min)",
+        "prefix-loadtest compare --workload shared-prefix --replicas 4 --plots /tmp/plots",
+        "prefix-loadtest overhead --out /tmp/overhead.json",
+        "prefix-loadtest run --target http://127.0.0.1:8000 --workload hot-prefix --rate 10 \\",
+        "    --requests 200 --router-config router.yaml --out results.json",
+        "```",
+        "",
+        "Raw results (every summary, TTFT samples): `build/bench/bench.json`. sglang-router and "
+        "vllm-router come from the optional extra `pip install 'prefix-router[compare]'`; "
+        "without them their rows are skipped with a note.",
+    ]
     return "\n".join(out).rstrip() + "\n"
