@@ -7,8 +7,6 @@ and a system prompt of a few hundred words is wholly a routing key (source PREFI
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
-from typing import Any
 
 _WORDS = (
     "the a cache router replica prefix block token model request stream queue server answer "
@@ -29,17 +27,3 @@ def chat(system_seed: str, user: str, system_words: int = 400) -> list[dict[str,
     return [{"role": "system", "content": prose(system_seed, system_words)},
             {"role": "user", "content": user}]
 
-
-def stream_first_then(lines: Iterator[str], predicate: Callable[[dict[str, Any]], bool]) -> bool:
-    """Consume SSE `data:` lines until one parses and satisfies ``predicate``; False at [DONE]."""
-    import json
-
-    for line in lines:
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return False
-        if predicate(json.loads(data)):
-            return True
-    return False
