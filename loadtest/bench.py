@@ -41,30 +41,55 @@ class BenchWorkload:
     rate: float
     fleet: FleetParams
     spec: dict[str, Any]
-    max_prompt_chars: int | None = None  # mooncake: drop longer prompts (scaled-down replay)
+    max_input_tokens: int | None = None  # mooncake: see `mooncake_slice`
 
 
-# mooncake block text is ~2.2k characters per 512 tokens: 40k chars ~ 9.4k tokens
 WORKLOADS = (
     BenchWorkload("shared-prefix", 120, 12.0, FleetParams(), {}),
     BenchWorkload("hot-prefix", 120, 12.0, FleetParams(), {"turns": 4}),
     BenchWorkload("multi-turn", 120, 12.0, FleetParams(), {"turns": 4}),
     BenchWorkload("mooncake", 100, 8.0, FleetParams(kv_blocks=2048, speed=2.0),
                   {"trace_path": DEFAULT_TRACE, "max_output_tokens": 32},
-                  max_prompt_chars=40_000),
+                  max_input_tokens=9000),
 )
 
 
-def _requests(w: BenchWorkload, seed: int) -> tuple[list[Request], dict[str, Any]]:
-    n = w.requests * 3 if w.max_prompt_chars else w.requests
-    reqs = generate(WorkloadSpec(w.name, requests=n, rate=w.rate, seed=seed, **w.spec))
-    if w.max_prompt_chars:
-        reqs = [r for r in reqs if len(str(r.body.get("prompt", ""))) <= w.max_prompt_chars]
-    reqs = reqs[: w.requests]
-    meta: dict[str, Any] = {"name": w.name, "requests": len(reqs), "rate": w.rate, "seed": seed}
+def mooncake_slice(trace: Path, out: Path, requests: int, max_input_tokens: int) -> Path:
+    """A scaled-down replay that keeps the trace's sharing: whole conversations.
+
+    A conversation is the requests sharing their second block id (the first is the system
+    prompt every record starts with). Conversations with >= 2 turns are taken in order of first
+    appearance, with every turn of at most ``max_input_tokens``, until ``requests`` records;
+    records keep their trace order and timestamps (the runner rescales time to the bench rate).
+    Taking the first N records instead would keep almost no follow-up turns.
+    """
+    recs = [json.loads(line) for line in trace.read_text(encoding="utf-8").splitlines() if line]
+    conversations: dict[int, list[int]] = {}
+    for i, r in enumerate(recs):
+        if len(r["hash_ids"]) > 1 and r["input_length"] <= max_input_tokens:
+            conversations.setdefault(r["hash_ids"][1], []).append(i)
+    chosen: list[int] = []
+    for turns in sorted((v for v in conversations.values() if len(v) >= 2), key=lambda v: v[0]):
+        if len(chosen) + len(turns) <= requests:
+            chosen += turns
+        if len(chosen) >= requests - 1:
+            break
+    out.write_text("".join(json.dumps(recs[i]) + "\n" for i in sorted(chosen)))
+    return out
+
+
+def _requests(w: BenchWorkload, seed: int, workdir: Path) -> tuple[list[Request], dict[str, Any]]:
+    spec = dict(w.spec)
+    meta: dict[str, Any] = {"name": w.name, "rate": w.rate, "seed": seed}
+    if w.max_input_tokens:
+        workdir.mkdir(parents=True, exist_ok=True)
+        spec["trace_path"] = str(mooncake_slice(Path(spec["trace_path"]), workdir / "slice.jsonl",
+                                                w.requests, w.max_input_tokens))
+        meta["slice"] = (f"whole conversations (>= 2 turns, <= {w.max_input_tokens} input "
+                         "tokens per turn) in order of first appearance")
+    reqs = generate(WorkloadSpec(w.name, requests=w.requests, rate=w.rate, seed=seed, **spec))
+    meta["requests"] = len(reqs)
     meta.update({k: v for k, v in w.spec.items() if k != "trace_path"})
-    if w.max_prompt_chars:
-        meta["max_prompt_chars"] = w.max_prompt_chars
     return reqs, meta
 
 
@@ -72,7 +97,7 @@ def run_compare(workloads: tuple[BenchWorkload, ...], setups: list[str], workdir
                 seed: int) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for w in workloads:
-        reqs, meta = _requests(w, seed)
+        reqs, meta = _requests(w, seed, workdir / w.name)
         plan = Plan("http://unused", rate=w.rate, max_requests=len(reqs), max_time=60.0)
         res = compare({w.name: (reqs, meta)}, [parse_setup(s) for s in setups], plan, w.fleet,
                       workdir / w.name)
