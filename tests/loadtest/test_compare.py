@@ -87,3 +87,22 @@ def test_short_compare_prefix_vs_round_robin(tmp_path: Path) -> None:
     paths = compare_plots(res, tmp_path / "img")
     assert [p.name for p in paths] == ["compare-shared-prefix.png"]
     assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_mooncake_slice_keeps_whole_conversations(tmp_path: Path) -> None:
+    from loadtest.bench import mooncake_slice
+
+    recs = [  # conversation = second block id; 7 has one turn; 9's second turn is too long
+        {"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [0, 5, 6]},
+        {"timestamp": 1, "input_length": 1000, "output_length": 5, "hash_ids": [0, 7]},
+        {"timestamp": 2, "input_length": 1000, "output_length": 5, "hash_ids": [0, 9]},
+        {"timestamp": 3, "input_length": 1500, "output_length": 5, "hash_ids": [0, 5, 6, 8]},
+        {"timestamp": 4, "input_length": 9999, "output_length": 5, "hash_ids": [0, 9, 10]},
+        {"timestamp": 5, "input_length": 1000, "output_length": 5, "hash_ids": [0, 11]},
+        {"timestamp": 6, "input_length": 1200, "output_length": 5, "hash_ids": [0, 11, 12]},
+    ]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    out = mooncake_slice(trace, tmp_path / "s.jsonl", requests=4, max_input_tokens=2000)
+    got = [json.loads(line)["timestamp"] for line in out.read_text().splitlines()]
+    assert got == [0, 3, 5, 6]
