@@ -173,6 +173,8 @@ def _words(ws: list[str]) -> str:
 RULES: list[tuple[str, Any]] = [
     (r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2})?)?", _iso),
     (r"\d{1,2}/\d{1,2}/\d{4}", _us_date),
+    (r"\d{2}-\d{2}-\d{4}",
+     lambda m, rng: f"{rng.randint(1, 28):02d}-{rng.randint(1, 12):02d}-{rng.randint(2019, 2027)}"),
     (r"\b\d{1,2}:\d{2}(?::\d{2})?\b", _clock),
     (r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
      lambda m, rng: str(uuid.UUID(int=rng.getrandbits(128)))),
