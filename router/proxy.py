@@ -13,9 +13,9 @@ Algorithm for a request whose policy Decision lists candidates c0, c1, ...:
    (`readany`, no buffering). From here on nothing is retried: an upstream failure or idle timeout
    ends an SSE stream with `data: {"error": ...}` and a non-SSE body by aborting the connection.
 
-Timeouts: `connect_timeout` for the TCP connect; `first_byte_timeout` for response headers and the
-first body chunk; `idle_timeout` between later chunks (aiohttp's per-read timer is switched after
-the first chunk, so no extra timer per chunk).
+Timeouts: `connect_timeout` for the TCP connect; `first_byte_timeout` (aiohttp's per-read timer)
+for response headers and the first body chunk; `idle_timeout` between later chunks, enforced by an
+`IdleWatchdog` that arms one timer per idle period rather than one per chunk.
 
 Client disconnect: `receive()` is awaited in a watcher task while the upstream exchange runs; on
 `http.disconnect` the watcher cancels the request task, which closes (not releases) the upstream
@@ -107,6 +107,35 @@ def make_session(settings: ProxySettings) -> aiohttp.ClientSession:
                                  skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
                                  timeout=aiohttp.ClientTimeout(total=None),
                                  cookie_jar=aiohttp.DummyCookieJar())
+
+
+class IdleWatchdog:
+    """Fails a response body with TimeoutError once no chunk arrived for `idle` seconds.
+
+    One timer per `idle` period that re-arms itself from the time of the last chunk, instead of
+    aiohttp's per-read timer that is cancelled and re-created on every socket read (measurable
+    per relayed chunk). The reader sets `last` after each chunk.
+    """
+
+    __slots__ = ("content", "handle", "idle", "last", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, content: aiohttp.StreamReader,
+                 idle: float) -> None:
+        self.loop = loop
+        self.content = content
+        self.idle = idle
+        self.last = loop.time()
+        self.handle = loop.call_later(idle, self._check)
+
+    def _check(self) -> None:
+        quiet = self.loop.time() - self.last
+        if quiet >= self.idle:
+            self.content.set_exception(TimeoutError(f"no chunk for {self.idle:g}s"))
+        else:
+            self.handle = self.loop.call_later(self.idle - quiet, self._check)
+
+    def cancel(self) -> None:
+        self.handle.cancel()
 
 
 class Forwarder:
@@ -273,7 +302,9 @@ class Forwarder:
         sse = resp.content_type == "text/event-stream"
         proto = resp.connection.protocol if resp.connection is not None else None
         if proto is not None:
-            proto.read_timeout = self.up.settings.idle_timeout
+            proto.read_timeout = None  # the watchdog below takes over
+        loop = asyncio.get_running_loop()
+        watchdog = IdleWatchdog(loop, content, self.up.settings.idle_timeout)
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         await send({"type": "http.response.body", "body": first, "more_body": True})
         sent = len(first)
@@ -283,6 +314,7 @@ class Forwarder:
                     chunk = await content.readany()
                     if not chunk:
                         break
+                    watchdog.last = loop.time()
                     sent += len(chunk)
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except UpstreamError as exc:
@@ -292,6 +324,8 @@ class Forwarder:
             # else: returning with the body unfinished makes uvicorn abort the connection,
             # so the client sees a truncated response rather than a complete-looking one
             return ttfb, exc.reason
+        finally:
+            watchdog.cancel()
         record.bytes_out = sent
         await send({"type": "http.response.body", "body": b""})
         return ttfb, None
