@@ -135,6 +135,9 @@ def memory_child(n: int, templates: int) -> None:
     auditor = Auditor(cache_blocks=DEFAULT_CACHE_BLOCKS)
     for i, raw in enumerate(lines(n, templates)):
         auditor.add(parse_record(raw[:-1], "mem", i + 1))
+        if (i + 1) % 100_000 == 0:  # the curve, not just the end point
+            print(f"# {i + 1} requests: peak RSS {peak_rss_kib() / 1024:.0f} MiB", file=sys.stderr,
+                  flush=True)
     report = auditor.report()
     print(json.dumps({"requests": report.summary.requests, "peak_rss_mib": peak_rss_kib() / 1024,
                       "templates": report.summary.templates, "findings": len(report.findings)}))
