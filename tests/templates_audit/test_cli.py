@@ -135,3 +135,27 @@ def test_console_script_and_module_entry_point(trace: Path) -> None:
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0 and json.loads(proc.stdout)["summary"]["requests"] == 10
     assert proc.stderr == ""  # stderr is not a TTY here: no progress bar
+
+
+PROGRESS = [
+    # (enabled, total bytes, expected in the output) — drawn only when enabled (stderr is a TTY)
+    (False, 1000, ""),  # not a TTY: nothing at all
+    (True, 1000, "%"),  # known size: a percentage bar
+    (True, None, "lines"),  # stdin/gzip: counts only
+]
+
+
+@pytest.mark.parametrize(("enabled", "total", "expected"), PROGRESS)
+def test_progress_bar(enabled: bool, total: int | None, expected: str,
+                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from templates_audit import progress
+
+    monkeypatch.setattr(progress, "INTERVAL", 0.0)
+    out = io.StringIO()
+    bar = progress.Progress(total, stream=out, enabled=enabled)
+    for _ in range(3):
+        bar.advance(100)
+    bar.close()
+    text = out.getvalue()
+    assert expected in text if expected else text == ""
+    assert not enabled or text.endswith("\r\x1b[K")  # the bar is erased before the report
