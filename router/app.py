@@ -276,7 +276,12 @@ class RouterApp:
 
     async def shutdown(self) -> None:
         if self._admin is not None:
+            # let the admin server close its listener itself before anything is cancelled
             self._admin.should_exit = True
+            admin = [t for t in self._tasks if t.get_name() == "admin"]
+            if admin:
+                await asyncio.wait(admin, timeout=5.0)
+            self._admin = None
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -295,7 +300,6 @@ class RouterApp:
         # every uvicorn worker binds the admin port; the kernel spreads scrapes over them
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((admin.host or self.settings.listen.host, admin.port or 0))
-        sock.set_inheritable(True)
         config = uvicorn.Config(self.admin_app, lifespan="off", log_level="warning",
                                 interface="asgi3", access_log=False)
         server = self._admin = uvicorn.Server(config)
