@@ -83,6 +83,11 @@ class RoutingKey:
     conversation: str | None
     source: KeySource
     prefix_chars: int = 0
+    # The conversation already has state worth following: an explicit identity (session
+    # header, body ``user``) or a chat body that carries history (an assistant/tool turn).
+    # Only such conversations get rendezvous (sticky) spill; a first turn without identity
+    # spills in ring order, which keeps a hot prefix's overflow on the fewest replicas.
+    sticky: bool = False
 
     @property
     def ring_key(self) -> str | None:
@@ -141,18 +146,33 @@ def derive(
 ) -> RoutingKey:
     """The routing key of one request (see the module docstring for the rules)."""
     wanted = _headers(headers, (config.key_header, config.session_header))
-    conversation = _conversation(path, wanted.get(config.session_header), body, config)
+    session = wanted.get(config.session_header)
+    conversation = _conversation(path, session, body, config)
+    sticky = conversation is not None and (bool(session) or _has_state(body))
     override = wanted.get(config.key_header)
     if override:
-        return RoutingKey(override, conversation, KeySource.HEADER, 0)
+        return RoutingKey(override, conversation, KeySource.HEADER, 0, sticky)
     if body is not None:
         ex = explain(path, body, config)
         if ex is not None and ex.content_chars >= max(1, config.min_prefix_chars):
             digest = xxhash.xxh3_128_hexdigest(ex.text.encode("utf-8", "surrogatepass"))
-            return RoutingKey(digest, conversation, KeySource.PREFIX, len(ex.text))
+            return RoutingKey(digest, conversation, KeySource.PREFIX, len(ex.text), sticky)
     if conversation is not None:
-        return RoutingKey(None, conversation, KeySource.CONVERSATION, 0)
+        return RoutingKey(None, conversation, KeySource.CONVERSATION, 0, sticky)
     return RoutingKey(None, None, KeySource.NONE, 0)
+
+
+def _has_state(body: Mapping[str, Any] | None) -> bool:
+    """An explicit ``user`` or chat history (assistant/tool turns) in the body."""
+    if not isinstance(body, Mapping):
+        return False
+    user = body.get("user")
+    if isinstance(user, str) and user:
+        return True
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return False
+    return any(isinstance(m, Mapping) and m.get("role") in ("assistant", "tool") for m in messages)
 
 
 def canonical_prefix(path: str, body: Mapping[str, Any], config: KeyConfig = KeyConfig()) -> str:

@@ -10,12 +10,17 @@
 - The key's *home* is the first available replica of the ring walk from the routing key (the
   prefix hash, else the conversation identity). Home under cap -> home (branch ``home``;
   ``override`` for an ``X-Prefix-Hash`` key, ``conversation`` for a conversation key).
-- Otherwise the request **spills**, conversation-stably: a prefix key with a conversation
-  identity ranks the next ``spill_width`` replicas of the walk by rendezvous hash of
+- Otherwise the request **spills**, conversation-stably: a prefix key whose conversation is
+  *sticky* (an explicit session/user identity, or a chat body that already carries history)
+  ranks the next ``spill_width`` replicas of the walk by rendezvous hash of
   (conversation, replica), then the rest of the walk in ring order, and takes the first one
   under cap. So one conversation of a hot prefix keeps landing on the same replica turn after
   turn, while different conversations spread over a few replicas (which then all cache the
-  hot prefix). Without a conversation the walk order itself is used. Branch ``spill``.
+  hot prefix). A request with no state to follow (a first turn without identity, a one-shot
+  request) uses the walk order itself: the prefix's overflow then lands on as few replicas as
+  possible, so fewer replicas pay the cold prefill of the shared prefix (measured with
+  ``prefix-loadtest simulate``: +10 points of fleet hit rate on shared-prefix against
+  rendezvous for every request, see docs/router.md). Branch ``spill``.
   A conversation moves only if its preferred replica is at cap when its next turn arrives; in
   a cold burst caps start tiny, so a few early spills land on a second choice and move once
   (3 of 200 in the test's burst), after which they stay put.
@@ -144,7 +149,7 @@ class BoundedLoadPrefixPolicy:
 
     def _spill_order(self, order: list[str], key: RoutingKey) -> list[str]:
         rest = order[1:]
-        if key.prefix is None or key.conversation is None:
+        if key.prefix is None or key.conversation is None or not key.sticky:
             return rest
         conversation = key.conversation
         ranked = sorted(

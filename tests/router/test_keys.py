@@ -345,3 +345,21 @@ def test_any_json_body_yields_a_consistent_key(
     if k.source is KeySource.PREFIX:
         text = canonical_prefix(path, body, KeyConfig(min_prefix_chars=1))
         assert k.prefix == xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))
+
+
+# (headers, body, expected sticky) — whether the conversation has state worth following on spill
+# fmt: off
+STICKY_CASES = [
+    ({}, {"model": "m", "messages": [{"role": "system", "content": "S" * 100}, {"role": "user", "content": "hi"}]}, False),  # one-shot first turn: no identity, no history
+    ({"X-Session-ID": "s1"}, {"model": "m", "messages": [{"role": "system", "content": "S" * 100}, {"role": "user", "content": "hi"}]}, True),  # explicit session header
+    ({}, {"model": "m", "user": "u1", "messages": [{"role": "system", "content": "S" * 100}, {"role": "user", "content": "hi"}]}, True),  # explicit body user
+    ({}, {"model": "m", "messages": [{"role": "system", "content": "S" * 100}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "more"}]}, True),  # history resent: turn 2
+    ({}, {"model": "m", "prompt": "P" * 200}, False),  # completions: no conversation at all
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(("headers", "body", "sticky"), STICKY_CASES)
+def test_sticky_flag(headers: dict[str, str], body: dict[str, Any], sticky: bool) -> None:
+    path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+    assert derive(path, headers, body).sticky is sticky

@@ -38,8 +38,10 @@ def fleet(n: int = 4, weights: dict[str, int] | None = None) -> ReplicaSet:
     )
 
 
-def prefix_key(prefix: str, conversation: str | None = None) -> RoutingKey:
-    return RoutingKey(prefix, conversation, KeySource.PREFIX, 100)
+def prefix_key(prefix: str, conversation: str | None = None, sticky: bool | None = None) -> RoutingKey:
+    # a named conversation is sticky (has state to follow) unless a test says otherwise
+    sticky = conversation is not None if sticky is None else sticky
+    return RoutingKey(prefix, conversation, KeySource.PREFIX, 100, sticky)
 
 
 def choose(policy: BoundedLoadPrefixPolicy, key: RoutingKey, rs: ReplicaSet) -> Decision:
@@ -96,6 +98,21 @@ def test_spill_without_conversation_walks_the_ring() -> None:
     d = choose(policy, prefix_key(PREFIX), rs)
     assert (d.replica, d.branch, d.home) == (walk[1], Branch.SPILL, walk[0])
     assert d.candidates == (walk[1], walk[0], *walk[2:])
+
+
+def test_spill_of_a_first_turn_walks_the_ring_but_a_sticky_conversation_uses_rendezvous() -> None:
+    rs, policy = fleet(8), BoundedLoadPrefixPolicy(spill_width=3)
+    walk = list(rs.ring.walk(PREFIX))
+    home = rs.get(walk[0])
+    assert home is not None
+    home.in_flight = 20  # home is over its cap for every request below
+    one_shot = {choose(policy, prefix_key(PREFIX, f"c{i}", sticky=False), rs).replica for i in range(40)}
+    assert one_shot == {walk[1]}  # no state to follow: the overflow stays on one replica
+    sticky = {choose(policy, prefix_key(PREFIX, f"c{i}", sticky=True), rs).replica for i in range(40)}
+    assert sticky == set(walk[1:4])  # conversations spread over the spill_width candidates
+    for i in range(40):  # ... and each one keeps its choice
+        a = choose(policy, prefix_key(PREFIX, f"c{i}", sticky=True), rs).replica
+        assert a == choose(policy, prefix_key(PREFIX, f"c{i}", sticky=True), rs).replica
 
 
 def test_scraped_queue_counts_as_load() -> None:
