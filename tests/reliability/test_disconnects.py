@@ -212,7 +212,7 @@ def test_drop_mid_stream(start_fleet: Callable[..., Fleet], in_process_router: A
                          measure: Callable[..., None]) -> None:
     fleet = start_fleet(4, speed=SPEED)
     srv, app = in_process_router(fleet)
-    r = run_drops(fleet, srv, app, stream=True, n=scaled(200))
+    r = run_drops(fleet, srv, app, stream=True, n=min(scaled(200), 500))
     check_and_record("disconnect_mid_stream", r, measure)
 
 
@@ -220,6 +220,6 @@ def test_drop_while_queued(start_fleet: Callable[..., Fleet], in_process_router:
                            measure: Callable[..., None]) -> None:
     fleet = start_fleet(4, max_num_seqs=2, speed=SPEED)
     srv, app = in_process_router(fleet)
-    r = run_drops(fleet, srv, app, stream=False, n=scaled(200))
+    r = run_drops(fleet, srv, app, stream=False, n=min(scaled(200), 500))
     assert r["waiting_at_drop"] >= r["sent"] - 8   # all but the 8 running ones were queued
     check_and_record("disconnect_queued", r, measure)
