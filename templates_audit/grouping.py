@@ -74,13 +74,13 @@ def _value_like(before: str, value: str, after: str) -> bool:
 class TemplateIndex:
     """Maps static texts to template ids (see the module docstring)."""
 
-    def __init__(self, classify_short: Callable[[str, str, str], bool] = _value_like) -> None:
+    def __init__(self, value_like: Callable[[str, str, str], bool] = _value_like) -> None:
         self._exact: OrderedDict[int, str] = OrderedDict()
         self._masked: OrderedDict[int, str] = OrderedDict()
         self._postings: dict[int, list[str]] = {}
         self._nlines: dict[str, int] = {}
         self._short: dict[str, deque[tuple[str, str]]] = {}
-        self._value_like = classify_short
+        self._value_like = value_like
 
     @staticmethod
     def _remember(lru: OrderedDict[int, str], key: int, tid: str) -> None:
