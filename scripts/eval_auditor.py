@@ -276,7 +276,7 @@ def eval_spans(data: Path, requests: int, seed: int) -> dict[str, Any]:
     root = data / "system_prompts"
     manifest = [json.loads(line) for line in (root / "manifest.jsonl").open()]
     rng = random.Random(seed)
-    trace: list[tuple[Record, Instance | None, str]] = []
+    trace: list[tuple[Record, Instance, str]] = []
     labels_of: dict[str, list[Label]] = {}
     for item in manifest:
         text = (root / item["file"]).read_text(encoding="utf-8")
@@ -293,18 +293,16 @@ def eval_spans(data: Path, requests: int, seed: int) -> dict[str, Any]:
     rng.shuffle(trace)
     renderer = ChatRenderer()
     auditor = Auditor(renderer=renderer)
-    by_line: dict[int, tuple[Instance | None, str]] = {}
+    by_line: dict[int, tuple[Instance, str]] = {}
     for i, (rec, inst, cat) in enumerate(trace, 1):
-        rec = Record("eval", i, messages=rec.messages)
         by_line[i] = (inst, cat)
-        auditor.add(rec)
+        auditor.add(Record("eval", i, messages=rec.messages))
     report = auditor.report()
-    return score(report, by_line, labels_of, renderer, trace)
+    return score(report, by_line, labels_of, renderer)
 
 
-def score(report: Report, by_line: dict[int, tuple[Instance | None, str]],
-          labels_of: dict[str, list[Label]], renderer: ChatRenderer,
-          trace: list[tuple[Record, Instance | None, str]]) -> dict[str, Any]:
+def score(report: Report, by_line: dict[int, tuple[Instance, str]],
+          labels_of: dict[str, list[Label]], renderer: ChatRenderer) -> dict[str, Any]:
     findings_by_tpl: dict[str, list[Finding]] = defaultdict(list)
     for f in report.findings:
         findings_by_tpl[f.template].append(f)
@@ -315,7 +313,6 @@ def score(report: Report, by_line: dict[int, tuple[Instance | None, str]],
     for t in report.templates:
         line = int(t.reference.rsplit(":", 1)[1])
         inst, cat = by_line[line]
-        assert inst is not None
         templates_of[inst.file].add(t.id)
         fs = findings_by_tpl.get(t.id, [])
         if cat == "static":
@@ -334,7 +331,7 @@ def score(report: Report, by_line: dict[int, tuple[Instance | None, str]],
                     hit = True
             if not hit:
                 false_unlabelled.append((inst.file, f))
-    rows = []
+    rows: list[dict[str, Any]] = []
     for file, labels in labels_of.items():
         for li, lab in enumerate(labels):
             if not lab.varies:
