@@ -26,7 +26,7 @@ def _row(f: Finding) -> str:
     )
 
 
-def render(report: Report) -> str:
+def render(report: Report, *, max_rows: int = 50) -> str:
     s = report.summary
     out = [
         "## Prefix-cache audit",
@@ -49,12 +49,14 @@ def render(report: Report) -> str:
     out += [
         "| template | kind | role | token (block) | requests | distinct | example | tokens lost/req |",
         "|---|---|---|---|---|---|---|---|",
-        *(_row(f) for f in report.findings),
+        *(_row(f) for f in report.findings[:max_rows]),
+        *([f"| … {len(report.findings) - max_rows:,} more findings (see `--format json`) |"
+           + " |" * 7] if len(report.findings) > max_rows else []),
         "",
         "<details><summary>Suggested fixes</summary>",
         "",
     ]
-    for f in report.findings:
+    for f in report.findings[:max_rows]:
         value = f.examples[0][:60] if f.examples else "…"
         out.append(f"- **{f.template} / {f.kind}** at {_code(f.before[-30:] + '«' + value + '»')}: "
                    f"{f.suggestion}")

@@ -113,3 +113,9 @@ REDACT = [
 @pytest.mark.parametrize(("value", "kind", "masked"), REDACT)
 def test_redact(value: str, kind: str, masked: str) -> None:
     assert redact(value, kind) == masked
+
+
+def test_markdown_caps_long_tables() -> None:
+    many = Report(SUMMARY, (TEMPLATE,), tuple([DATE] * 60), ())
+    out = markdown.render(many, max_rows=50)
+    assert out.count("| tpl-1 | **date**") == 50 and "10 more findings" in out
