@@ -20,6 +20,7 @@ import json
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -160,21 +161,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         workloads = tuple(replace(w, requests=20) for w in workloads)
     data: dict[str, Any] = {"machine": machine_info(), "quick": args.quick, "timings": {}}
+    parts = {
+        "compare": lambda work: run_compare(workloads, args.setup or list(DEFAULT_SETUPS),
+                                            work / "compare", args.seed),
+        "overhead": lambda work: run_overhead(work / "overhead", args.quick),
+        "simulate": lambda work: run_simulate(args.quick),
+    }
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        work = Path(tmp)
-        if "compare" not in args.skip:
+        for name, part in parts.items():
+            if name in args.skip:
+                continue
             t = time.monotonic()
-            data["compare"] = run_compare(workloads, args.setup or list(DEFAULT_SETUPS),
-                                          work / "compare", args.seed)
-            data["timings"]["compare"] = time.monotonic() - t
-        if "overhead" not in args.skip:
-            t = time.monotonic()
-            data["overhead"] = run_overhead(work / "overhead", args.quick)
-            data["timings"]["overhead"] = time.monotonic() - t
-        if "simulate" not in args.skip:
-            t = time.monotonic()
-            data["simulate"] = run_simulate(args.quick)
-            data["timings"]["simulate"] = time.monotonic() - t
+            try:
+                data[name] = part(Path(tmp))
+            except Exception as exc:  # one broken part must not lose the others' minutes
+                data.setdefault("failed", {})[name] = f"{type(exc).__name__}: {exc}"
+                traceback.print_exc()
+            data["timings"][name] = time.monotonic() - t
+            (json_dir / "bench.json").write_text(json.dumps(data, indent=1) + "\n")
     data["timings"]["total"] = time.monotonic() - t0
     (json_dir / "bench.json").write_text(json.dumps(data, indent=1) + "\n")
     figures = _figures(data, img)

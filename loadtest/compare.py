@@ -79,7 +79,22 @@ def machine_info() -> dict[str, Any]:
         pass
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "nproc": os.cpu_count(), "cpu": cpu, "python": platform.python_version(),
-            "platform": platform.platform()}
+            "platform": platform.platform(), "commit": _commit()}
+
+
+def _commit() -> str:
+    """The code under test: HEAD, plus "+dirty" when tracked files differ from it."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
+                              capture_output=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, text=True, capture_output=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
 
 
 def _versions() -> dict[str, str]:

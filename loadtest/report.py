@@ -273,6 +273,8 @@ def benchmarks_markdown(data: Mapping[str, Any], figures: Mapping[str, Any], doc
         f"- date: {m.get('date', DASH)}",
         f"- machine: {m.get('nproc', DASH)} CPUs ({m.get('cpu', DASH)}), Python "
         f"{m.get('python', DASH)}, {m.get('platform', DASH)}",
+        f"- code: commit {m.get('commit', DASH)} (other engineers were committing to the router "
+        "while benchmarks ran; the numbers describe this commit)",
         f"- wall time: {fmt(t.get('total'), 0)} s (compare {fmt(t.get('compare'), 0)} s, overhead "
         f"{fmt(t.get('overhead'), 0)} s, simulate {fmt(t.get('simulate'), 0)} s)"
         + (" — **quick mode: smoke-test sizes, not a benchmark**" if data.get("quick") else ""),
@@ -281,6 +283,10 @@ def benchmarks_markdown(data: Mapping[str, Any], figures: Mapping[str, Any], doc
         "and other jobs may be running on it. Absolute latencies are therefore noisy; compare "
         "setups *within* a table (same run, same requests, minutes apart), not across runs.\n",
     ]
+    for part, why in (data.get("failed") or {}).items():
+        out.append(f"- **{part} failed in this run**: `{why[:300]}`")
+    if data.get("failed"):
+        out.append("")
     cmp_ = data.get("compare")
     if cmp_:
         versions = cmp_.get("versions") or {}
@@ -295,7 +301,7 @@ def benchmarks_markdown(data: Mapping[str, Any], figures: Mapping[str, Any], doc
             "idle replica counts as 0). TTFT is the first content chunk seen by the client.\n",
             "Setups: `router-*` = this router (`prefix` = bounded-load prefix hashing, "
             "load factor 1.25); `nginx` = the generated consistent-hash config, clients send "
-            "`X-Prefix-Hash` from `router.client.hash_key`; `sglang-*` = sglang-router "
+            "`X-Prefix-Hash` from `router.client.hash_key` (its ring hashes `host:port`, and the fleet's ports are ephemeral, so which prompts share a replica - and nginx's balance - changes from run to run); `sglang-*` = sglang-router "
             f"{versions.get('sglang-router', '(not installed)')}; `vllm-*` = vllm-router "
             f"{versions.get('vllm-router', '(not installed)')}.\n",
             "Fleet: the KV cache is deliberately small (one replica cannot hold every system "
