@@ -182,6 +182,8 @@ def validate_body(path: str, headers: Iterable[tuple[bytes, bytes]],
         parsed = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         raise InvalidRequest("request body is not valid JSON", code="invalid_json") from None
+    except RecursionError:  # nesting deeper than the interpreter's recursion limit
+        raise InvalidRequest("request body is nested too deeply", code="invalid_json") from None
     if not isinstance(parsed, dict):
         raise InvalidRequest("request body must be a JSON object", code="invalid_body")
     field, types = _PROMPT_FIELDS[path]

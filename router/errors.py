@@ -10,9 +10,13 @@ Tree:
       TooManyRequests       429      proxy.max_in_flight reached (Retry-After)
       NoReplicaAvailable    503      nothing healthy to send to (Retry-After)
       UpstreamError         502      a replica failed; `reason` is the metric label
-        UpstreamConnectError         connect failed, or the connection broke (refused, reset,
-                                     closed); before any byte was relayed this is retryable
+        UpstreamConnectError         connect failed or timed out, or the connection broke
+                                     (refused, reset, closed)
         UpstreamTimeout     504      first byte or idle timeout
+
+Every UpstreamError carries ``before_response``: True when it happened before anything was sent
+to the client (connect, response headers, first body chunk). Only those are retried on the next
+candidate; the failed exchange's connection is closed, so vLLM aborts whatever it started.
 
 `translate_upstream()` maps aiohttp/asyncio/OS exceptions to the `UpstreamError` family
 (`raise ... from exc`), so the proxy reasons only about our types. `error_body()` is the JSON
@@ -93,6 +97,7 @@ class UpstreamError(RouterError):
     type = "server_error"
     code = "upstream_error"
     reason = "protocol"
+    before_response = False  # set by translate_upstream for the phases before the first byte
 
 
 class UpstreamConnectError(UpstreamError):
@@ -119,11 +124,12 @@ class translate_upstream:
     message). A class rather than @contextmanager: it runs twice per proxied request and a
     generator-based context manager costs several times more."""
 
-    __slots__ = ("phase", "replica")
+    __slots__ = ("before_response", "phase", "replica")
 
-    def __init__(self, replica: str, phase: str) -> None:
+    def __init__(self, replica: str, phase: str, before_response: bool = False) -> None:
         self.replica = replica
         self.phase = phase
+        self.before_response = before_response
 
     def __enter__(self) -> None:
         return None
@@ -133,10 +139,18 @@ class translate_upstream:
         if exc is None or isinstance(exc, UpstreamError) or not isinstance(exc, Exception):
             return  # nothing raised, already translated, or cancellation: propagate unchanged
         where = f"replica {self.replica}"
-        if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
-            raise UpstreamTimeout(f"{where} timed out ({self.phase})") from exc
-        if isinstance(exc, aiohttp.ClientConnectionError | ConnectionError):
+        err: UpstreamError
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):
+            # the TCP connect timed out: the replica never saw the request, like a refusal
+            err = UpstreamConnectError(f"{where} unreachable ({self.phase}: connect timeout)")
+        elif isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+            err = UpstreamTimeout(f"{where} timed out ({self.phase})")
+        elif isinstance(exc, aiohttp.ClientConnectionError | ConnectionError):
             # connection refused/reset/closed: the replica never produced a response we relayed
-            raise UpstreamConnectError(f"{where} unreachable ({self.phase})") from exc
-        if isinstance(exc, aiohttp.ClientError | OSError):
-            raise UpstreamError(f"{where} failed ({self.phase}: {type(exc).__name__})") from exc
+            err = UpstreamConnectError(f"{where} unreachable ({self.phase})")
+        elif isinstance(exc, aiohttp.ClientError | OSError):
+            err = UpstreamError(f"{where} failed ({self.phase}: {type(exc).__name__})")
+        else:
+            return
+        err.before_response = self.before_response
+        raise err from exc

@@ -5,9 +5,13 @@ Algorithm for a request whose policy Decision lists candidates c0, c1, ...:
 1. For each of the first `proxy.max_attempts` candidates that is still available: send the raw
    body bytes (never re-serialised) with the request headers minus hop-by-hop ones, through the
    shared aiohttp ClientSession (keep-alive pool, one per app).
-2. A connect failure, or a 502/503 answer while another candidate remains, moves on to the next
-   candidate (`retries_total{replica,reason}`); the failed replica's passive-health count goes up.
-   Nothing has been sent to the client yet at that point - that is the retry invariant.
+2. A failure before anything reached the client - connect refused or timed out, no response
+   headers within `first_byte_timeout`, the connection dying before the first body chunk - or a
+   502/503 answer, moves on to the next candidate while one remains
+   (`retries_total{replica,reason}`); the failed replica's passive-health count goes up and its
+   connection is closed, so a replica that did start generating aborts. Nothing has been sent to
+   the client yet at that point - that is the retry invariant. (Status and headers are held back
+   until the first body chunk arrived, which is what makes the first-chunk case retryable.)
 3. Otherwise the response is relayed: status and headers (hop-by-hop dropped, `x-prefix-router-
    replica` added) once the first body chunk arrived, then every chunk as it arrives
    (`readany`, no buffering). From here on nothing is retried: an upstream failure or idle timeout
@@ -219,10 +223,14 @@ class Forwarder:
             try:
                 retry_reason = await self._one(replica, method, url, headers, body, send,
                                                record, last)
-            except UpstreamConnectError as exc:
+            except UpstreamError as exc:
+                if not exc.before_response:
+                    raise
                 if last:
-                    raise NoReplicaAvailable("no replica reachable", retry_after=1) from exc
-                retry_reason = "connect"
+                    if isinstance(exc, UpstreamConnectError):
+                        raise NoReplicaAvailable("no replica reachable", retry_after=1) from exc
+                    raise
+                retry_reason = exc.reason
             if retry_reason is None:
                 return
             up.metrics.retry(name, retry_reason)
@@ -242,7 +250,7 @@ class Forwarder:
         resp: aiohttp.ClientResponse | None = None
         try:
             try:
-                with translate_upstream(name, "connect/headers"):
+                with translate_upstream(name, "connect/headers", before_response=True):
                     resp = await up.session.request(method, url, data=body, headers=headers,
                                                     timeout=self._timeout, allow_redirects=False)
             except UpstreamError as exc:
@@ -291,7 +299,7 @@ class Forwarder:
         if self.up.settings.replica_header:
             headers.append((REPLICA_HEADER, replica.name.encode()))
         content = resp.content
-        with translate_upstream(replica.name, "first byte"):
+        with translate_upstream(replica.name, "first byte", before_response=True):
             first = await content.readany()
         ttfb = time.perf_counter() - t0
         if not first or content.is_eof():

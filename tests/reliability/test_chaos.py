@@ -101,11 +101,10 @@ def non_streamed_failures(outcomes: list[Outcome]) -> list[Outcome]:
 
 
 def stream_failures(outcomes: list[Outcome]) -> list[Outcome]:
-    """Streams that neither completed nor ended with an SSE error event. A 502 is tolerated
-    here: a replica dying between its response headers and its first chunk gets a 502 today
-    (see the xfail `test_stream_dying_before_first_chunk_is_retried`)."""
-    return [o for o in outcomes if o.stream and o.kind not in ("ok", "sse_error")
-            and o.status != 502]
+    """Streams that neither completed nor ended with an SSE error event. (A replica dying
+    between its response headers and its first chunk is retried elsewhere, see
+    `test_stream_dying_before_first_chunk_is_retried`, so no 502 is tolerated.)"""
+    return [o for o in outcomes if o.stream and o.kind not in ("ok", "sse_error")]
 
 
 def test_keys_are_distinct() -> None:
@@ -221,9 +220,6 @@ def test_hung_replica(fleet4: Fleet, start_router: Callable[..., RouterProcess],
     assert [o for o in outcomes if o.kind != "ok" and o.t_start > r["t_settled"]] == []
 
 
-@pytest.mark.xfail(strict=True, reason="router bug: a first-byte timeout on a hung replica is "
-                   "answered 504 instead of retried on the next candidate (nothing was sent to "
-                   "the client yet)")
 def test_hung_replica_loses_no_non_streamed_request(
         fleet4: Fleet, start_router: Callable[..., RouterProcess]) -> None:
     router = chaos_router(start_router, fleet4, proxy={"first_byte_timeout": 1.0})
@@ -360,10 +356,6 @@ def test_all_down_then_back(fleet4: Fleet, start_router: Callable[..., RouterPro
     assert all(o.kind == "ok" for o in r["after"])
 
 
-@pytest.mark.xfail(strict=True, reason="router bug: a replica that sent its response headers "
-                   "but dies before the first body chunk yields 502 to the client instead of a "
-                   "retry (nothing was relayed yet); aiohttp's ClientPayloadError is translated "
-                   "to a plain UpstreamError, which _attempts does not retry")
 def test_stream_dying_before_first_chunk_is_retried(
         start_fleet: Callable[..., Fleet], start_router: Callable[..., RouterProcess]) -> None:
     fleet = start_fleet(2, speed=50.0)
@@ -408,9 +400,6 @@ class Blackhole:
         self.sock.close()
 
 
-@pytest.mark.xfail(strict=True, reason="router bug: a connect timeout (aiohttp "
-                   "ConnectionTimeoutError, a TimeoutError) is translated to UpstreamTimeout and "
-                   "answered 504 instead of being retried like other connect failures")
 def test_connect_timeout_is_retried(start_fleet: Callable[..., Fleet],
                                     start_router: Callable[..., RouterProcess]) -> None:
     fleet = start_fleet(1, speed=50.0)
