@@ -207,6 +207,7 @@ class HealthMonitor:
                     load = parse_vllm_metrics(await r.text())
         replica.running, replica.waiting = load.running, load.waiting
         replica.kv_usage = load.kv_usage
+        self.metrics.scraped_load(replica.name, load.running, load.waiting, load.kv_usage)
 
     async def scrape_once(self, session: aiohttp.ClientSession) -> None:
         await asyncio.gather(*(self.scrape_one(session, r) for r in self.replicas.states()))

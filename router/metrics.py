@@ -122,6 +122,10 @@ class RouterMetrics:
                                 ["reason"], registry=r)
         self.replicas = Gauge(p + "replicas", "Replicas in membership by state", ["state"],
                               registry=r, multiprocess_mode="max")
+        self.scraped = Gauge(p + "replica_scraped_load", "The replica's own load as last "
+                             "scraped from its /metrics (the policy's cross-router signal): "
+                             "metric=running|waiting|kv_usage", ["replica", "metric"],
+                             registry=r, multiprocess_mode="max")
         self._keys = DistinctKeys()
         self._keys_refreshed = 0.0
         self._known: set[str] = set()
@@ -174,6 +178,11 @@ class RouterMetrics:
     def spill(self, replica: str) -> None:
         self.spills.labels(replica).inc()
 
+    def scraped_load(self, replica: str, running: float, waiting: float, kv_usage: float) -> None:
+        self.scraped.labels(replica, "running").set(running)
+        self.scraped.labels(replica, "waiting").set(waiting)
+        self.scraped.labels(replica, "kv_usage").set(kv_usage)
+
     def reject(self, reason: str) -> None:
         self.rejected.labels(reason).inc()
 
@@ -198,6 +207,9 @@ class RouterMetrics:
                 for family in (self.in_flight, self.healthy):
                     with contextlib.suppress(KeyError):
                         family.remove(name)
+                for metric in ("running", "waiting", "kv_usage"):
+                    with contextlib.suppress(KeyError):
+                        self.scraped.remove(name, metric)
 
     def render(self) -> tuple[bytes, str]:
         now = time.monotonic()

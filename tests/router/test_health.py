@@ -133,7 +133,8 @@ def test_probe_and_scrape_a_real_replica(threaded_server: Any) -> None:
     srv = threaded_server(fake.app())
     replicas = ReplicaSet([ReplicaSpec("r0", srv.url),
                            ReplicaSpec("dead", "http://127.0.0.1:9")])
-    m = HealthMonitor(HealthSettings(timeout=1.0), ScrapeSettings(), replicas, RouterMetrics())
+    metrics = RouterMetrics()
+    m = HealthMonitor(HealthSettings(timeout=1.0), ScrapeSettings(), replicas, metrics)
     r0, dead = replicas.get("r0"), replicas.get("dead")
     assert r0 is not None and dead is not None
 
@@ -150,6 +151,10 @@ def test_probe_and_scrape_a_real_replica(threaded_server: Any) -> None:
     assert (r0.running, r0.waiting, r0.kv_usage) == (3, 0, 0.25)
     assert (dead.running, dead.kv_usage) == (0, 0)  # failed scrape -> no scraped load
     assert dead.healthy  # a failed scrape never ejects
+    # the scraped signal is exported, so operators see what the policy sees
+    text = metrics.render()[0].decode()
+    assert 'prefix_router_replica_scraped_load{metric="running",replica="r0"} 3.0' in text
+    assert 'prefix_router_replica_scraped_load{metric="kv_usage",replica="r0"} 0.25' in text
 
 
 def test_loops_stop_when_cancelled(threaded_server: Any) -> None:
