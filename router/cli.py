@@ -4,7 +4,7 @@
     prefix-router serve --backend http://10.0.0.1:8000 --backend http://10.0.0.2:8000 --port 8080
     prefix-router serve                      # quick-start: embedded simulated fleet of 4
     prefix-router check-config --config router.yaml
-    prefix-router nginx-config --config router.yaml [--out FILE]
+    prefix-router nginx-config --config router.yaml [--out FILE] [--listen ADDR] [--standalone]
     prefix-router hash-key [--path /v1/chat/completions] [--config router.yaml] < body.json
 
 Configuration problems exit with status 2 and one line on stderr naming the key and value.
@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     nginx = sub.add_parser("nginx-config", help="render an nginx config for the replicas")
     nginx.add_argument("--config", required=True)
     nginx.add_argument("--out", help="write here instead of stdout")
+    nginx.add_argument("--listen", default="8080",
+                       help="nginx listen address for the server block (default 8080)")
+    nginx.add_argument("--standalone", action="store_true",
+                       help="a complete nginx.conf (events/http blocks) instead of a conf.d snippet")
 
     hk = sub.add_parser("hash-key", help="print the X-Prefix-Hash of a request body on stdin")
     hk.add_argument("--path", default="/v1/chat/completions")
@@ -212,12 +216,10 @@ def run_uvicorn(settings: Settings) -> None:
 
 def nginx_config(args: argparse.Namespace) -> int:
     settings = _settings(args.config)
+    from router.nginx_config import render
+
     try:
-        render = importlib.import_module("router.nginx_config").render
-    except (ImportError, AttributeError) as exc:
-        _fail(f"nginx config rendering is not available ({exc})")
-    try:
-        text: str = render(settings)
+        text: str = render(settings, listen=args.listen, standalone=args.standalone)
     except (SettingsError, ValueError) as exc:
         _fail(str(exc))
     if args.out:

@@ -100,6 +100,10 @@ def test_nginx_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     target = tmp_path / "nginx.conf"
     code, _, _ = run(["nginx-config", "--config", str(cfg), "--out", str(target)], capsys)
     assert code == 0 and target.read_text() == out
+    assert "events {" not in out and "listen 8080" in out  # a conf.d snippet by default
+    code, full, _ = run(["nginx-config", "--config", str(cfg), "--standalone",
+                         "--listen", "127.0.0.1:9099"], capsys)
+    assert code == 0 and "events {" in full and "listen 127.0.0.1:9099" in full
 
 
 def serve_process(args: list[str], port: int) -> subprocess.Popen[bytes]:
