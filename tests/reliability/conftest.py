@@ -59,6 +59,7 @@ def measure() -> Iterator[Callable[..., None]]:
         with contextlib.suppress(OSError, ValueError):
             previous = json.loads(Path(out).read_text())
         previous.update(_RESULTS)
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(previous, indent=2, sort_keys=True))
 
 

@@ -11,6 +11,7 @@ its Retry-After) or ``exception`` (the client's own timeout or a transport error
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import Callable
@@ -62,11 +63,16 @@ class Outcome:
         return self.t_end - self.t_start
 
 
+_fresh = itertools.count()
+
+
 async def one(session: aiohttp.ClientSession, url: str, key: int, *, stream: bool,
               max_tokens: int = 8, client_timeout: float = 30.0,
               headers: dict[str, str] | None = None) -> Outcome:
+    """One request of a fresh conversation (a unique first user message): the router keeps a
+    conversation where its last turn went, which is not what placement checks measure."""
     out = Outcome(key, stream, time.monotonic())
-    body = chat_body(key, stream=stream, max_tokens=max_tokens)
+    body = chat_body(key, f"question {next(_fresh)}", stream=stream, max_tokens=max_tokens)
     try:
         async with session.post(url + "/v1/chat/completions", json=body, headers=headers,
                                 timeout=aiohttp.ClientTimeout(total=client_timeout)) as resp:
