@@ -153,9 +153,11 @@ def summarize_run(outcomes: Sequence[Outcome], wall: float,
                   after: Mapping[str, Mapping[str, float]], *, not_sent: int = 0) -> dict[str, Any]:
     ok = [o for o in outcomes if o.ok]
     errors: dict[str, int] = {}
+    examples: dict[str, str] = {}  # the first detail of each kind, to tell what went wrong
     for o in outcomes:
         if o.error is not None:
             errors[str(o.error)] = errors.get(str(o.error), 0) + 1
+            examples.setdefault(str(o.error), o.detail)
     itl = [x for o in ok for x in o.itl]
     out_tokens = sum(o.output_tokens for o in ok)
     by_header: dict[str, int] = {}
@@ -188,6 +190,7 @@ def summarize_run(outcomes: Sequence[Outcome], wall: float,
         "ok": len(ok),
         "not_sent": not_sent,
         "errors": dict(sorted(errors.items())),
+        "error_examples": dict(sorted(examples.items())),
         "error_count": len(outcomes) - len(ok) + not_sent,
         "wall_seconds": wall,
         "ttft": summarize([o.ttft for o in ok if o.ttft is not None]),

@@ -50,6 +50,7 @@ def test_summary_arithmetic() -> None:
     s = summarize_run(_outcomes(), 2.0, BEFORE, AFTER, not_sent=1)
     assert (s["requests"], s["sent"], s["ok"], s["error_count"]) == (5, 4, 3, 2)
     assert s["errors"] == {"http_5xx": 1}
+    assert s["error_examples"] == {"http_5xx": "overloaded"}
     assert s["hit_rate"] == pytest.approx((300 + 100) / (400 + 400))
     assert s["ttft"]["p50"] == pytest.approx(0.020)
     assert s["itl"]["count"] == 3
