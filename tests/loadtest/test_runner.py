@@ -170,3 +170,41 @@ def test_scale_arrivals_hits_the_mean_rate() -> None:
 def test_plan_rejects(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         Plan("http://127.0.0.1:1", **kwargs)  # type: ignore[arg-type]
+
+
+def test_sse_error_event_is_a_stream_error(threaded_server) -> None:  # type: ignore[no-untyped-def]
+    # What the router sends when the upstream fails mid-stream: a data event with an "error".
+    from starlette.applications import Starlette
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    async def chat(request):  # type: ignore[no-untyped-def]
+        async def body():  # type: ignore[no-untyped-def]
+            yield b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+            yield b'data: {"error":{"message":"upstream sim-0 closed the stream"}}\n\n'
+        return StreamingResponse(body(), media_type="text/event-stream",
+                                 headers={"x-prefix-router-replica": "sim-0"})
+
+    srv = threaded_server(Starlette(routes=[Route("/v1/chat/completions", chat,
+                                                  methods=["POST"])]))
+    res = run(Plan(srv.url, concurrency=1, max_requests=2, max_time=20.0), _workload(2))
+    s = res.summary()
+    assert s["errors"] == {"stream_error": 2}
+    assert s["error_examples"] == {"stream_error": "upstream sim-0 closed the stream"}
+    assert all(o.replica == "sim-0" and o.ttft is None for o in res.outcomes)
+
+
+def test_progress_bar_draws_only_when_asked() -> None:
+    import io
+
+    from loadtest.progress import Progress
+
+    quiet = io.StringIO()
+    Progress(10, stream=quiet).update(5)  # StringIO is not a TTY
+    assert quiet.getvalue() == ""
+    out = io.StringIO()
+    bar = Progress(10, "w", stream=out, enabled=True, interval=0.0, width=10)
+    bar.update(5, errors=1)
+    bar.close()
+    assert "w [#####-----] 5/10 errors=1" in out.getvalue()
+    assert out.getvalue().endswith("\n")
