@@ -9,7 +9,7 @@ Three parts, run one after the other on this machine:
 
 Writes ``docs/benchmarks.md``, ``docs/img/bench-*.png`` and the raw JSON under
 ``build/bench/``. ``--quick`` shrinks every part (a smoke run of the pipeline, not a benchmark);
-``--skip`` leaves parts out. Budget: the full run is sized to finish in well under 15 minutes on
+``--skip`` leaves parts out; ``--render-only`` redraws the doc and figures from the saved JSON. Budget: the full run is sized to finish in well under 15 minutes on
 2 cores (about 8 s of traffic per setup and workload, plus start-up).
 """
 
@@ -150,12 +150,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"))
     p.add_argument("--img", default=str(ROOT / "docs" / "img"))
     p.add_argument("--json-dir", default=str(ROOT / "build" / "bench"))
+    p.add_argument("--render-only", action="store_true",
+                   help="redraw the doc and figures from JSON_DIR/bench.json, run nothing")
     args = p.parse_args(argv)
 
     from loadtest.report import benchmarks_markdown
 
     t0 = time.monotonic()
     img, json_dir = Path(args.img), Path(args.json_dir)
+    if args.render_only:
+        saved = json.loads((json_dir / "bench.json").read_text())
+        Path(args.doc).write_text(benchmarks_markdown(saved, _figures(saved, img),
+                                                      Path(args.doc).parent))
+        return 0
     json_dir.mkdir(parents=True, exist_ok=True)
     workloads = tuple(w for w in WORKLOADS if not args.workload or w.name in args.workload)
     if args.quick:

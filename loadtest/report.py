@@ -323,10 +323,19 @@ def benchmarks_markdown(data: Mapping[str, Any], figures: Mapping[str, Any], doc
             out.append("### Setups that sent everything to one replica\n")
             for wl, name, n in single:
                 out.append(f"- {wl}: `{name}` sent every request to one of the {n} replicas.")
-            out.append("\nvllm-router's `consistent_hash` keys on session/user identifiers; "
-                       "these requests carry none it recognises (with INFO logging on, it "
-                       "reports the same key, `request:`, for every request), so every "
-                       "request hashes to one worker. Shown as measured, not worked around.\n")
+            out.append("")
+            if any(name.startswith("vllm-consistent_hash") for _, name, _n in single):
+                out.append("vllm-router's `consistent_hash` keys on session/user identifiers; "
+                           "these requests carry none it recognises (with INFO logging on, it "
+                           "reports the same key, `request:`, for every request), so every "
+                           "request hashes to one worker. Shown as measured, not worked around.\n")
+            if any(name in ("nginx", "router-prefix") for _, name, _n in single):
+                out.append("nginx hashes the `X-Prefix-Hash` the client computes with "
+                           "`router.client.hash_key`; when every request of a workload yields "
+                           "the same key (all mooncake records start with the same system-prompt "
+                           "block), nginx has one key to place and no load bound, so one replica "
+                           "serves everything. The router uses the same key but spills under "
+                           "its load bound.\n")
     oh = data.get("overhead")
     if oh:
         c = oh.get("config", {})
