@@ -28,9 +28,11 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -116,9 +118,31 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+_BRANCH = re.compile(r'^prefix_router_requests_total\{[^}]*branch="([^"]+)"[^}]*\}\s+(\S+)', re.M)
+
+
+def router_branches(metrics_text: str) -> dict[str, int]:
+    """Requests per routing branch (home, spill, ...) from the router's own /metrics."""
+    out: dict[str, int] = {}
+    for branch, value in _BRANCH.findall(metrics_text):
+        out[branch] = out.get(branch, 0) + int(float(value))
+    return dict(sorted(out.items()))
+
+
+def _scrape_branches(url: str) -> dict[str, int]:
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=5.0) as resp:
+            return router_branches(resp.read().decode())
+    except (OSError, ValueError):
+        return {}
+
+
 def run_setup(setup: Setup, requests: Sequence[Request], plan: Plan, fleet_params: FleetParams,
-              workdir: Path, tokenizer_dir: Path, workload_meta: dict[str, Any]) -> RunResult:
-    """One cold fleet, one setup, one run; everything it started is stopped before it returns."""
+              workdir: Path, tokenizer_dir: Path,
+              workload_meta: dict[str, Any]) -> tuple[RunResult, dict[str, int]]:
+    """One cold fleet, one setup, one run; everything it started is stopped before it returns.
+    Also returns the router's branch counts (empty for other setups): the router starts fresh,
+    so its counters are this run's decisions."""
     fleet = Fleet(replicas=fleet_params.replicas, model_path=str(tokenizer_dir),
                   log_dir=str(workdir / "fleet"), **fleet_params.replica_options())
     fleet.start()
@@ -130,7 +154,9 @@ def run_setup(setup: Setup, requests: Sequence[Request], plan: Plan, fleet_param
                      max_time=plan.max_time, request_timeout=plan.request_timeout,
                      stream=plan.stream, prefix_hash_header=setup.prefix_hash_header,
                      replica_urls=tuple(fleet.urls), progress_label=setup.name)
-            return run(p, requests, workload_meta)
+            result = run(p, requests, workload_meta)
+            branches = _scrape_branches(launched.url) if setup.kind == "router" else {}
+            return result, branches
     finally:
         fleet.stop()
 
@@ -158,14 +184,16 @@ def compare(workloads: dict[str, tuple[list[Request], dict[str, Any]]], setups: 
                 continue
             t = time.monotonic()
             try:
-                result = run_setup(setup, requests, plan, fleet_params,
-                                   workdir / wl_name / setup.name, tokenizer_dir, meta)
+                result, branches = run_setup(setup, requests, plan, fleet_params,
+                                             workdir / wl_name / setup.name, tokenizer_dir, meta)
             except (SetupError, FleetError, OSError) as exc:
                 block["failed"][setup.name] = str(exc).splitlines()[0][:300]
                 log(f"[{wl_name}] {setup.name}: FAILED {exc}")
                 continue
             data = result.to_json(outcomes=keep_outcomes)
             s = data["summary"]
+            if branches:
+                s["router_branches"] = branches
             block["setups"][setup.name] = s
             block["ttft"][setup.name] = sorted(o.ttft for o in result.outcomes
                                                if o.ok and o.ttft is not None)

@@ -113,6 +113,12 @@ def compare_markdown(results: Mapping[str, Any]) -> str:
         rows = [compare_row(name, s) for name, s in block.get("setups", {}).items()]
         out.append("TTFT/E2E in ms.\n")
         out.append(table(COMPARE_HEADER, rows))
+        decided = {name: s["router_branches"] for name, s in block.get("setups", {}).items()
+                   if s.get("router_branches")}
+        if decided:
+            out.append("Router decisions (its `prefix_router_requests_total` by branch): " + "; ".join(
+                f"{name}: " + ", ".join(f"{b} {n}" for b, n in br.items())
+                for name, br in decided.items()) + ".\n")
         skipped = block.get("skipped") or {}
         for name, why in skipped.items():
             out.append(f"- **{name}** skipped: {why}\n")

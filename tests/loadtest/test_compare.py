@@ -22,6 +22,19 @@ def test_parse_setup_names() -> None:
         parse_setup("haproxy")
 
 
+def test_router_branches_parse() -> None:
+    from loadtest.compare import router_branches
+
+    text = (
+        '# HELP prefix_router_requests_total x\n'
+        'prefix_router_requests_total{replica="a",branch="home",status="200"} 7.0\n'
+        'prefix_router_requests_total{replica="b",branch="home",status="200"} 3.0\n'
+        'prefix_router_requests_total{replica="b",branch="spill",status="503"} 2.0\n'
+        'prefix_router_in_flight{replica="a"} 1.0\n'
+    )
+    assert router_branches(text) == {"home": 10, "spill": 2}
+
+
 def test_missing_software_is_skipped_with_its_reason(monkeypatch: pytest.MonkeyPatch,
                                                      tmp_path: Path) -> None:
     monkeypatch.setattr("loadtest.setups.shutil.which", lambda name: None)
@@ -76,6 +89,9 @@ def test_short_compare_prefix_vs_round_robin(tmp_path: Path) -> None:
         assert sum(r["requests"] for r in s["per_replica"].values()) == 40  # cold fleet each
         assert len(block["ttft"]) == 2 and len(block["ttft"]["router-prefix"]) == 40
     assert rr["load_max_over_mean"] == pytest.approx(1.0)
+    # the router's own decision counters, scraped after the run
+    assert rr["router_branches"] == {"round_robin": 40}
+    assert sum(prefix["router_branches"].values()) == 40 and "home" in prefix["router_branches"]
     assert prefix["hit_rate"] >= rr["hit_rate"]
     json.dumps(res)  # JSON-ready as returned
 
