@@ -77,17 +77,31 @@ def _piece_id(piece: str) -> int:
 _NEWLINE_ID = _piece_id("\n")
 
 
+_PIECE_IDS: dict[str, int] = {}
+_PIECE_IDS_MAX = 1 << 18
+
+
 def _encode_plain(text: str, base: int, ids: list[int], offs: list[int]) -> None:
-    for m in _PIECE.finditer(text):
-        piece = m.group()
-        start = base + m.start()
-        if len(piece) <= MAX_PIECE_CHARS:
-            ids.append(_piece_id(piece))
-            offs.append(start)
-            continue
-        for i in range(0, len(piece), MAX_PIECE_CHARS):
-            ids.append(_piece_id(piece[i : i + MAX_PIECE_CHARS]))
-            offs.append(start + i)
+    # The piece pattern matches every character of a line (letters, digits, punctuation,
+    # underscores, whitespace), so the pieces are contiguous and offsets are running lengths;
+    # findall avoids a match object per piece. Piece ids are memoised: words repeat.
+    cache = _PIECE_IDS
+    if len(cache) > _PIECE_IDS_MAX:
+        cache.clear()
+    pos = base
+    for piece in _PIECE.findall(text):
+        n = len(piece)
+        if n <= MAX_PIECE_CHARS:
+            pid = cache.get(piece)
+            if pid is None:
+                pid = cache[piece] = _piece_id(piece)
+            ids.append(pid)
+            offs.append(pos)
+        else:
+            for i in range(0, n, MAX_PIECE_CHARS):
+                ids.append(_piece_id(piece[i : i + MAX_PIECE_CHARS]))
+                offs.append(pos + i)
+        pos += n
 
 
 @functools.lru_cache(maxsize=1 << 16)
