@@ -218,8 +218,19 @@ def _commentary(block: Mapping[str, Any]) -> list[str]:
     lines.append(f"- TTFT p50 / p90 / p99: prefix {ms(t.get('p50'))} / {ms(t.get('p90'))} / "
                  f"{ms(t.get('p99'))} ms, round-robin {ms(rt.get('p50'))} / {ms(rt.get('p90'))} "
                  f"/ {ms(rt.get('p99'))} ms.")
+    per = (block.get("per_replica") or {}).get("router-prefix") or {}
+    served = {n: r.get("requests") for n, r in per.items()
+              if isinstance(r.get("requests"), int | float)}
+    busiest = max(served, key=lambda n: served[n]) if served else None
     lines.append(f"- Load max/mean: prefix {fmt(ours.get('load_max_over_mean'))}, round-robin "
-                 f"{fmt(rr.get('load_max_over_mean'))}.")
+                 f"{fmt(rr.get('load_max_over_mean'))}"
+                 + (f"; under prefix {busiest} served {fmt(served[busiest], 0)} of "
+                    f"{fmt(sum(served.values()), 0)} requests (the homes of the busiest prompts)"
+                    if busiest else "") + ".")
+    p99, rp99 = t.get("p99"), rt.get("p99")
+    if isinstance(p99, float) and isinstance(rp99, float) and p99 > rp99:
+        lines.append("- Prefix's TTFT p99 is above round-robin's: the tail is requests queued "
+                     "behind cold prefills on the busier replica, which round-robin spreads.")
     return lines
 
 
@@ -290,13 +301,15 @@ def render(data: Mapping[str, Any]) -> str:
         "## Caveats\n",
         "- Everything - both replicas, the router, the load client and other people's jobs - "
         "shares two cores: absolute latencies are noisy; compare rows of one table, not runs. "
-        "Prefill of the tiny model on one busy core runs at roughly 1-2k tokens/s, so a cold "
+        "Prefill of the tiny model on one busy core runs at roughly 0.7-1.7k tokens/s "
+        "(docs/vllm.md), so a cold "
         "system prompt costs several hundred ms and a cached one tens of ms; that gap, not the "
-        "router's own overhead (about a millisecond, see benchmarks.md), separates the rows.",
-        "- With two replicas the bounded-load cap `ceil(1.25 * (L + 1) / 2)` is only 2 while "
-        "one request is in flight, so the prefix policy spills a busy prompt's requests to the "
-        "other replica often; each spill of a prompt that replica has not seen is a cold "
-        "prefill, which is why the prefix rows do not reach the ideal of one miss per prompt.",
+        "router's own overhead (1-2 ms, see benchmarks.md), separates the rows.",
+        "- With two replicas the bounded-load cap is `ceil(1.25 * (L + 1) / 2)`: a prompt's home "
+        "takes a third open request only if the other replica has one too, so at these rates "
+        "the prefix policy spills a busy prompt to the other replica now and then, and the "
+        "first spill of a prompt there is a cold prefill. This is the likely reason the prefix "
+        "rows miss more than once per prompt (spills were not counted in this run).",
         "- Random weights: replies are noise and their lengths are set by `max_tokens`; "
         "tokenisation, the prefix cache and the scheduler are vLLM's own. Tens of requests and "
         "one run per row: differences of a few points of hit rate or tens of ms are noise.",
@@ -306,6 +319,7 @@ def render(data: Mapping[str, Any]) -> str:
         "make vllm-env && make bench-vllm   # this page; raw results: build/bench/bench-vllm.json",
         "python -m loadtest.bench_vllm --requests 16 --policy prefix --policy round_robin "
         "--doc /tmp/bench-vllm.md --json /tmp/bench-vllm.json    # a quick look",
+        "python -m loadtest.bench_vllm --from-json build/bench/bench-vllm.json   # re-render",
         "```",
     ]
     return "\n".join(out).rstrip() + "\n"
@@ -367,7 +381,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-dir", help="replica logs (default: a temp dir)")
     p.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks-vllm.md"))
     p.add_argument("--json", default=str(ROOT / "build" / "bench" / "bench-vllm.json"))
+    p.add_argument("--from-json", metavar="JSON",
+                   help="only re-render --doc from a saved results file (no replicas started)")
     args = p.parse_args(argv)
+    if args.from_json:
+        Path(args.doc).write_text(render(json.loads(Path(args.from_json).read_text())))
+        return 0
     overrides: dict[str, Any] = {}
     if args.requests:
         overrides["requests"] = args.requests
