@@ -187,7 +187,7 @@ def compare(workloads: dict[str, tuple[list[Request], dict[str, Any]]], setups: 
                 result, branches = run_setup(setup, requests, plan, fleet_params,
                                              workdir / wl_name / setup.name, tokenizer_dir, meta)
             except (SetupError, FleetError, OSError) as exc:
-                block["failed"][setup.name] = str(exc).splitlines()[0][:300]
+                block["failed"][setup.name] = " ".join(str(exc).split())[:300]
                 log(f"[{wl_name}] {setup.name}: FAILED {exc}")
                 continue
             data = result.to_json(outcomes=keep_outcomes)

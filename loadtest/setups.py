@@ -277,8 +277,23 @@ def _launch_rust(setup: Setup, replicas: Sequence[Replica], workdir: Path, port:
 
 
 def launch(setup: Setup, replicas: Sequence[Replica], workdir: Path,
-           port: int | None = None) -> Launched:
-    """Start ``setup`` in front of ``replicas`` and return once it routes."""
+           port: int | None = None, attempts: int = 3) -> Launched:
+    """Start ``setup`` in front of ``replicas`` and return once it routes.
+
+    A free port can be taken by another process between `free_port` and the bind (a shared
+    machine); a start that fails with "Address already in use" is retried on a new port.
+    """
+    for attempt in range(attempts):
+        try:
+            return _launch_once(setup, replicas, workdir, port)
+        except SetupError as exc:
+            if port is not None or attempt == attempts - 1 or "in use" not in str(exc):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _launch_once(setup: Setup, replicas: Sequence[Replica], workdir: Path,
+                 port: int | None) -> Launched:
     reason = setup.unavailable()
     if reason:
         raise SetupError(f"{setup.name}: {reason}")
