@@ -111,10 +111,11 @@ def _classify(status: int, stream: bool, raw: bytes) -> str:
 
 async def run_load(url: str, *, count: int, duration: float, concurrency: int,
                    keys: int, stream_every: int = 3, max_tokens: int = 8,
-                   stop: asyncio.Event | None = None,
+                   stream_tokens: int | None = None, stop: asyncio.Event | None = None,
                    on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
     """Up to `count` requests over at most `duration` seconds, `concurrency` at a time; every
-    `stream_every`-th one streamed. Keys cycle over range(keys)."""
+    `stream_every`-th one streamed (with `stream_tokens`, default `max_tokens`). Keys cycle over
+    range(keys)."""
     outcomes: list[Outcome] = []
     deadline = time.monotonic() + duration
     seq = iter(range(count))
@@ -124,8 +125,9 @@ async def run_load(url: str, *, count: int, duration: float, concurrency: int,
             for i in seq:
                 if time.monotonic() > deadline or (stop is not None and stop.is_set()):
                     return
-                o = await one(session, url, i % keys, stream=i % stream_every == 0,
-                              max_tokens=max_tokens)
+                stream = i % stream_every == 0
+                o = await one(session, url, i % keys, stream=stream,
+                              max_tokens=(stream_tokens or max_tokens) if stream else max_tokens)
                 outcomes.append(o)
                 if on_outcome is not None:
                     on_outcome(o)

@@ -42,6 +42,7 @@ IDLE_TIMEOUT = 1.0
 EJECT_WITHIN = 5.0
 READMIT_WITHIN = 6.0
 SSE_ERROR_WITHIN = IDLE_TIMEOUT + 2.0
+LONG_STREAM = 256   # tokens: ~1 s at speed 5, so a kill or stop lands mid-stream
 
 
 @dataclass
@@ -123,9 +124,13 @@ def test_kill_one_replica(fleet4: Fleet, start_router: Callable[..., RouterProce
         vi = fleet4.names.index(victim)
         timeline, stop_tl, stop_load = Timeline(router.metrics_url), asyncio.Event(), asyncio.Event()
         poller = asyncio.create_task(timeline.run(stop_tl))
-        load = asyncio.create_task(run_load(router.url, count=scaled(4000), duration=30,
-                                            concurrency=16, keys=KEYS, max_tokens=16,
-                                            stop=stop_load))
+        # 8 clients of short non-streamed requests, 8 of long streams (so some are mid-stream
+        # on the victim when it dies)
+        load = asyncio.gather(
+            run_load(router.url, count=scaled(4000), duration=30, concurrency=8, keys=KEYS,
+                     max_tokens=16, stream_every=1_000_000_000, stop=stop_load),
+            run_load(router.url, count=scaled(400), duration=30, concurrency=8, keys=KEYS,
+                     stream_every=1, max_tokens=4 * LONG_STREAM, stop=stop_load))
         await asyncio.sleep(1.0)
         t_kill = time.monotonic()
         await asyncio.to_thread(fleet4.kill, vi, signal.SIGKILL)
@@ -133,7 +138,8 @@ def test_kill_one_replica(fleet4: Fleet, start_router: Callable[..., RouterProce
                                     "ejection")
         await asyncio.sleep(1.0)   # load keeps running against the three survivors
         stop_load.set()
-        outcomes = await load
+        plain, streams = await load
+        outcomes = plain + streams
         during = await placement(router.url, KEYS)
         t_restart = time.monotonic()
         await asyncio.to_thread(fleet4.restart, vi)
@@ -161,6 +167,7 @@ def test_kill_one_replica(fleet4: Fleet, start_router: Callable[..., RouterProce
             keys=KEYS, keys_on_victim=sum(v == victim for v in r["before"].values()))
     assert non_streamed_failures(outcomes) == []
     assert stream_failures(outcomes) == []
+    assert cut, "no stream was open on the victim when it died: the scenario proved nothing"
     assert all(o.t_end - r["t_kill"] < SSE_ERROR_WITHIN for o in cut)
     assert metric(samples, "prefix_router_ejections_total", replica=victim) >= 1
     # only the victim's keys moved, and they all came back
@@ -182,7 +189,7 @@ def test_hung_replica(fleet4: Fleet, start_router: Callable[..., RouterProcess],
         poller = asyncio.create_task(timeline.run(stop_tl))
         load = asyncio.create_task(run_load(router.url, count=scaled(4000), duration=30,
                                             concurrency=16, keys=KEYS, max_tokens=16,
-                                            stop=stop_load))
+                                            stream_tokens=LONG_STREAM, stop=stop_load))
         await asyncio.sleep(1.0)
         t_stop = time.monotonic()
         pid = fleet4.pids[victim_i]
@@ -215,6 +222,8 @@ def test_hung_replica(fleet4: Fleet, start_router: Callable[..., RouterProcess],
             non_streamed_failed_statuses=dict(Counter(o.status for o in failed_plain)))
     # nothing hangs: every request ended, stalled streams within the idle timeout of the stall
     assert all(o.kind != "exception" for o in outcomes)
+    assert stalled, "no stream was open on the hung replica: the scenario proved nothing"
+    assert failed_plain == []
     assert all(o.t_end - max(o.t_start, r["t_stop"]) < SSE_ERROR_WITHIN for o in stalled)
     # once the hung replica is out of rotation, nothing fails
     assert [o for o in outcomes if o.kind != "ok" and o.t_start > r["t_settled"]] == []
