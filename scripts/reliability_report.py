@@ -33,18 +33,25 @@ COMMAND = "python scripts/reliability_report.py"
 # scenario key prefix -> (title, what it does). Order is the document's order.
 SCENARIOS: list[tuple[str, str, str]] = [
     ("chaos_kill", "Chaos: kill -9 one replica",
-     "Router process + 4 simulated replica processes, 16 concurrent clients (every third "
-     "request streamed, 16 tokens). One replica (the one owning most of the 32 keys) is "
-     "SIGKILLed after 1 s; load continues 1 s after its ejection; then it is restarted. Key "
-     "placement is read from `x-prefix-router-replica` before, during and after."),
+     "Router process + 4 simulated replica processes (speed 5); 8 clients send short "
+     "non-streamed requests and 8 clients long streams (1,024 tokens) over 32 prefix keys, each "
+     "request a fresh conversation. One replica (the one owning most keys) is SIGKILLed after "
+     "1 s; load continues 1 s after its ejection; then it is restarted. Key placement is read "
+     "from `x-prefix-router-replica` (one request at a time, no load) before, during and after. "
+     "The test fails if no stream was cut (the fault must land mid-stream)."),
     ("chaos_hang", "Chaos: one replica hangs",
-     "Same setup; one replica is SIGSTOPped (the kernel still accepts connections, nothing "
-     "answers), later SIGCONTed. Streams stalled on it must end with an SSE error event within "
-     "the idle timeout (1 s); failures are counted per kind."),
+     "16 clients, every third request a 256-token stream. One replica is SIGSTOPped (the "
+     "kernel still accepts connections, nothing answers), SIGCONTed 2.5 s after its ejection. "
+     "Streams "
+     "stalled on it must end with an SSE error event within the idle timeout (1 s) plus a "
+     "margin; requests waiting for its first byte are retried elsewhere (`test_hung_replica_"
+     "loses_no_non_streamed_request`, first_byte_timeout 1 s, asserts none is lost)."),
     ("chaos_slow", "Chaos: one replica 10x slower",
-     "Same setup; replica 0 gets the `slow=10` fault for the whole run."),
+     "16 clients (every third request streamed); replica 0 gets the `slow=10` fault for the "
+     "whole run. Slow is not failed: no ejection, no error."),
     ("chaos_flap", "Chaos: one replica flaps",
-     "Same setup; one replica is SIGKILLed, restarted 1.5 s later, left up 1.5 s, twice."),
+     "16 clients (every third request streamed); one replica is SIGKILLed, restarted 1.5 s "
+     "later, left up 1.5 s, twice."),
     ("chaos_all_down", "Chaos: all replicas down, then back",
      "All four replicas SIGKILLed; requests are sent one at a time; then all are restarted and "
      "the time until the first success is measured."),
