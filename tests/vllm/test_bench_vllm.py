@@ -50,6 +50,9 @@ def test_bench_vllm_tiny_run(fleet: VllmFleet, tmp_path: Path) -> None:
         # vLLM's own request counters and the router's replica header agree
         assert sum(r["requests"] for r in per.values()) == 12
         assert sum(r["requests_seen"] for r in per.values()) == 12
+    # the router's own branch counters: one at a time, the prefix policy never leaves home
+    assert data["branches"] == {"router-prefix": {"home": 12},
+                                "router-round_robin": {"round_robin": 12}}
     # same requests, same prompt tokens queried, whichever replica served them
     assert prefix["query_tokens"] == rr["query_tokens"] > 0
     assert prefix["hit_tokens"] > 0
