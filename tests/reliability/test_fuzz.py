@@ -28,7 +28,10 @@ pytestmark = pytest.mark.slow
 
 MAX_BODY = 64 * 1024
 TOTAL_CASES = 10_000
-RSS_GROWTH_KIB = 30 * 1024   # bounded growth after warm-up (allocator noise, lazy imports)
+# Growth after warm-up: ~5 MiB at 10k cases, ~25 MiB at 51k - most likely the router's bounded
+# LRUs filling (conversation affinity keeps up to 65,536 conversations; fuzz bodies are mostly
+# distinct), so the bound leaves room for them to fill, not for unbounded growth.
+RSS_GROWTH_KIB = 48 * 1024
 PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 _counts: dict[str, int] = {}
 
