@@ -58,6 +58,7 @@ class SimConfig:
     replicas: int = 4
     policy: str = "prefix"
     load_factor: float = 1.25
+    load_floor: int = 4  # the router's default (routing.load_floor)
     ring: str = "xxhash"
     block_size: int = 16
     kv_blocks: int | None = 8192
@@ -96,7 +97,7 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
     from router.discovery.base import Endpoint
 
     rset.update_membership([Endpoint(name=n, url=f"sim://{n}") for n in names])
-    policy = make_policy(config.policy, config.load_factor)
+    policy = make_policy(config.policy, config.load_factor, load_floor=config.load_floor)
     key_config = KeyConfig()
     states: dict[str, ReplicaState] = {s.name: s for s in rset.states()}
 
@@ -303,6 +304,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-output-tokens", type=int, default=64)
     p.add_argument("--load-factor", type=float, default=1.25)
+    p.add_argument("--load-floor", type=int, default=4, help="routing.load_floor (0 = pure bounded loads)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-blocks", type=int, default=8192)
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -328,6 +330,7 @@ def main(args: argparse.Namespace) -> int:
           f"{'max/mean':>10}{'wall s':>8}")
     for pol in policies:
         cfg = SimConfig(replicas=args.replicas, policy=pol, load_factor=args.load_factor,
+                        load_floor=args.load_floor,
                         block_size=args.block_size, kv_blocks=args.kv_blocks,
                         max_num_seqs=args.max_num_seqs)
         res = simulate(reqs, cfg)

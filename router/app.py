@@ -97,8 +97,9 @@ class ConversationAffinity:
     the load bound holds unchanged. Cost: O(N) for the cap, one dict move per request.
     """
 
-    def __init__(self, load_factor: float, size: int = 65536) -> None:
+    def __init__(self, load_factor: float, size: int = 65536, load_floor: int = 0) -> None:
         self.load_factor = load_factor
+        self.load_floor = load_floor
         self.size = size
         self._last: OrderedDict[tuple[str, str], str] = OrderedDict()
 
@@ -116,7 +117,8 @@ class ConversationAffinity:
             if prev is not None:
                 total = sum(s.load() for s in available)
                 weight = sum(max(s.weight, 1) for s in available)
-                if prev.load() < load_cap(total, max(prev.weight, 1), weight, self.load_factor):
+                if prev.load() < load_cap(total, max(prev.weight, 1), weight, self.load_factor,
+                                          self.load_floor):
                     decision = Decision(last, Branch.CONVERSATION,
                                         (last, *(c for c in decision.candidates if c != last)),
                                         decision.home)
@@ -217,8 +219,9 @@ class RouterApp:
         r = settings.routing
         self.metrics = RouterMetrics()
         self.replicas = ReplicaSet((), ring_kind=r.ring, vnodes=r.virtual_nodes)
-        self.policy = make_policy(r.policy, r.load_factor)
-        self.affinity = ConversationAffinity(r.load_factor) if r.policy == "prefix" else None
+        self.policy = make_policy(r.policy, r.load_factor, load_floor=r.load_floor)
+        self.affinity = (ConversationAffinity(r.load_factor, load_floor=r.load_floor)
+                         if r.policy == "prefix" else None)
         self.key_config = key_config(r)
         self._key_headers = (self.key_config.key_header.encode(),
                              self.key_config.session_header.encode())

@@ -4,7 +4,14 @@
 
 - Only available (healthy, not draining) replicas take part. With total load L over them and
   total weight W, replica i's cap is ``ceil(c * (L + 1) * w_i / W)`` - ``c`` times its share of
-  the average *including the request being placed*; with equal weights ``ceil(c * (L+1) / n)``.
+  the average *including the request being placed*; with equal weights ``ceil(c * (L+1) / n)``
+  - but never below ``load_floor`` (the router's default is 4). vLLM batches: a replica with a
+  handful of requests in flight is not congested, and spilling there trades a cold prefill of
+  the whole shared prefix for nothing. The floor only matters at low load (at an average of 8
+  in flight over 4 replicas the cap is already 11); measured with ``prefix-loadtest simulate``
+  on the bench setup it raised the fleet hit rate from 0.87/0.87/0.78 to 0.94/0.92/0.92
+  (shared-prefix / hot-prefix / multi-turn) and at 40 req/s cut shared-prefix TTFT p99 from
+  1.40 s to 0.68 s, at the price of a less even request count per replica at low load.
   A replica is *under cap* while ``load < cap``, i.e. it can take this request without
   exceeding its cap.
 - The key's *home* is the first available replica of the ring walk from the routing key (the
@@ -102,24 +109,28 @@ class Policy(Protocol):
         ...
 
 
-def load_cap(total_load: float, weight: int, total_weight: int, load_factor: float) -> int:
-    """Bounded-load cap of one replica: ``ceil(c * (L + 1) * w / W)``."""
+def load_cap(total_load: float, weight: int, total_weight: int, load_factor: float,
+             floor: int = 0) -> int:
+    """Bounded-load cap of one replica: ``max(ceil(c * (L + 1) * w / W), floor)``."""
     share = load_factor * (total_load + 1.0) * weight / total_weight
     # A hair below the exact product keeps float noise (1.1 * 50 / 5 == 11.000000000000002)
     # from granting one extra slot.
-    return math.ceil(share - 1e-9)
+    return max(math.ceil(share - 1e-9), floor)
 
 
 class BoundedLoadPrefixPolicy:
     name = "prefix"
 
-    def __init__(self, load_factor: float = 1.25, spill_width: int = 3) -> None:
+    def __init__(self, load_factor: float = 1.25, spill_width: int = 3, load_floor: int = 0) -> None:
         if not load_factor >= 1.0:
             raise ValueError(f"load_factor: expected a number >= 1, got {load_factor!r}")
         if spill_width < 1:
             raise ValueError(f"spill_width: expected >= 1, got {spill_width!r}")
+        if load_floor < 0:
+            raise ValueError(f"load_floor: expected >= 0, got {load_floor!r}")
         self.load_factor = load_factor
         self.spill_width = spill_width
+        self.load_floor = load_floor
 
     def choose(
         self, key: RoutingKey, replicas: Sequence[ReplicaState], ring: Ring, seq: int
@@ -138,7 +149,8 @@ class BoundedLoadPrefixPolicy:
 
         def under_cap(name: str) -> bool:
             weight = available[name].weight
-            return loads[name] < load_cap(total_load, weight, total_weight, self.load_factor)
+            return loads[name] < load_cap(total_load, weight, total_weight, self.load_factor,
+                                          self.load_floor)
 
         if under_cap(home):
             return _decision(home, _home_branch(key.source), order, home)
@@ -186,9 +198,10 @@ class LeastLoadedPolicy:
         return _least_loaded_decision(key, available, ring) if available else None
 
 
-def make_policy(name: str, load_factor: float = 1.25, spill_width: int = 3) -> Policy:
+def make_policy(name: str, load_factor: float = 1.25, spill_width: int = 3,
+                load_floor: int = 0) -> Policy:
     if name == "prefix":
-        return BoundedLoadPrefixPolicy(load_factor, spill_width)
+        return BoundedLoadPrefixPolicy(load_factor, spill_width, load_floor)
     if name == "round_robin":
         return RoundRobinPolicy()
     if name == "least_loaded":

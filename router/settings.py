@@ -231,6 +231,7 @@ class RoutingSettings:
     ring: str = "xxhash"
     virtual_nodes: int = 160
     load_factor: float = 1.25
+    load_floor: int = 4
     min_prefix_chars: int = 64
     max_prefix_chars: int = 65536
     key_header: str = "X-Prefix-Hash"
@@ -242,6 +243,7 @@ class RoutingSettings:
                 ring=r.choice("ring", cls.ring, RINGS),
                 virtual_nodes=r.integer("virtual_nodes", cls.virtual_nodes, 1, 10000),
                 load_factor=r.number("load_factor", cls.load_factor, gt=1),
+                load_floor=r.integer("load_floor", cls.load_floor, 0, 1_000_000),
                 min_prefix_chars=r.integer("min_prefix_chars", cls.min_prefix_chars, 0),
                 max_prefix_chars=r.integer("max_prefix_chars", cls.max_prefix_chars, 1),
                 key_header=r.string("key_header", cls.key_header),

@@ -362,3 +362,28 @@ CAPS = [
 @pytest.mark.parametrize(("total", "weight", "total_weight", "c", "expected"), CAPS)
 def test_load_cap(total: float, weight: int, total_weight: int, c: float, expected: int) -> None:
     assert load_cap(total, weight, total_weight, c) == expected
+
+
+def test_load_cap_floor() -> None:
+    assert load_cap(2, 1, 4, 1.25) == 1  # ceil(1.25 * 3 / 4)
+    assert load_cap(2, 1, 4, 1.25, floor=4) == 4  # low load: the floor wins
+    assert load_cap(100, 1, 4, 1.25, floor=4) == 32  # high load: the bounded-load cap wins
+
+
+def test_load_floor_keeps_low_load_traffic_home_and_still_bounds_high_load() -> None:
+    rs = fleet(4)
+    pure, floored = BoundedLoadPrefixPolicy(), BoundedLoadPrefixPolicy(load_floor=4)
+    walk = list(rs.ring.walk(PREFIX))
+    home = rs.get(walk[0])
+    assert home is not None
+    home.in_flight = 3  # 3 in flight on the home, nothing elsewhere: cap ceil(1.25*4/4) = 2
+    assert choose(pure, prefix_key(PREFIX), rs).branch is Branch.SPILL
+    assert choose(floored, prefix_key(PREFIX), rs).branch is Branch.HOME
+    home.in_flight = 4  # the floor is reached: spill
+    assert choose(floored, prefix_key(PREFIX), rs).branch is Branch.SPILL
+    for s in rs.states():
+        s.in_flight = 40
+    home.in_flight = 60  # high load: ceil(1.25 * 181 / 4) = 57 < 60, the floor is irrelevant
+    assert choose(floored, prefix_key(PREFIX), rs).branch is Branch.SPILL
+    with pytest.raises(ValueError):
+        BoundedLoadPrefixPolicy(load_floor=-1)
