@@ -375,6 +375,10 @@ def benchmarks_markdown(data: Mapping[str, Any], figures: Mapping[str, Any], doc
             _img(figures, "simulate", doc_dir, "simulated hit rate and TTFT per policy"),
         ]
     out += [
+        "## Real vLLM\n",
+        "The same comparison on two real vLLM (CPU) replicas serving a tiny random-weight Llama, "
+        "caches emptied between setups, hit rate from vLLM's own counters: "
+        "[benchmarks-vllm.md](benchmarks-vllm.md) (`make bench-vllm`, ~7 min).\n",
         "## Reproduce\n",
         "```",
         "make bench                                   # this page and docs/img/bench-*.png",
