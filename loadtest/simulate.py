@@ -58,7 +58,7 @@ class SimConfig:
     replicas: int = 4
     policy: str = "prefix"
     load_factor: float = 1.25
-    load_floor: int = 4  # the router's default (routing.load_floor)
+    load_floor: int = 8  # the router's default (routing.load_floor)
     ring: str = "xxhash"
     block_size: int = 16
     kv_blocks: int | None = 8192
@@ -304,7 +304,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-output-tokens", type=int, default=64)
     p.add_argument("--load-factor", type=float, default=1.25)
-    p.add_argument("--load-floor", type=int, default=4, help="routing.load_floor (0 = pure bounded loads)")
+    p.add_argument("--load-floor", type=int, default=8, help="routing.load_floor (0 = pure bounded loads)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-blocks", type=int, default=8192)
     p.add_argument("--max-num-seqs", type=int, default=256)

@@ -5,13 +5,15 @@
 - Only available (healthy, not draining) replicas take part. With total load L over them and
   total weight W, replica i's cap is ``ceil(c * (L + 1) * w_i / W)`` - ``c`` times its share of
   the average *including the request being placed*; with equal weights ``ceil(c * (L+1) / n)``
-  - but never below ``load_floor`` (the router's default is 4). vLLM batches: a replica with a
-  handful of requests in flight is not congested, and spilling there trades a cold prefill of
-  the whole shared prefix for nothing. The floor only matters at low load (at an average of 8
-  in flight over 4 replicas the cap is already 11); measured with ``prefix-loadtest simulate``
-  on the bench setup it raised the fleet hit rate from 0.87/0.87/0.78 to 0.94/0.92/0.92
-  (shared-prefix / hot-prefix / multi-turn) and at 40 req/s cut shared-prefix TTFT p99 from
-  1.40 s to 0.68 s, at the price of a less even request count per replica at low load.
+  - but never below ``load_floor`` (the router's default is 8). vLLM batches (up to
+  ``--max-num-seqs``, 256 by default): a replica with a handful of requests in flight is not
+  congested, and spilling there trades a cold prefill of the whole shared prefix for nothing.
+  The floor only matters at low load (at an average of 8 in flight over 4 replicas the cap is
+  already 11). Measured with ``prefix-loadtest simulate`` on the bench setup (360 requests,
+  12 req/s, 4 replicas): fleet hit rate 0.87/0.87/0.78 with no floor, 0.94/0.92/0.92 with 4,
+  0.96/0.95/0.95 with 8 (shared-prefix / hot-prefix / multi-turn); at 40 req/s shared-prefix
+  TTFT p99 1.40 s without a floor, 0.68 s with 4 or 8. The price is a less even request count
+  per replica at low load, where it costs no latency.
   A replica is *under cap* while ``load < cap``, i.e. it can take this request without
   exceeding its cap.
 - The key's *home* is the first available replica of the ring walk from the routing key (the

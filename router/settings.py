@@ -231,7 +231,7 @@ class RoutingSettings:
     ring: str = "xxhash"
     virtual_nodes: int = 160
     load_factor: float = 1.25
-    load_floor: int = 4
+    load_floor: int = 8
     min_prefix_chars: int = 64
     max_prefix_chars: int = 65536
     key_header: str = "X-Prefix-Hash"

@@ -23,7 +23,7 @@ def test_defaults_match_the_documented_schema() -> None:
     s = Settings.from_dict({})
     assert (s.listen.host, s.listen.port, s.workers) == ("127.0.0.1", 8000, 1)
     assert s.routing.policy == "prefix" and s.routing.load_factor == 1.25
-    assert s.routing.load_floor == 4
+    assert s.routing.load_floor == 8
     assert s.routing.virtual_nodes == 160 and s.routing.key_header == "X-Prefix-Hash"
     assert s.proxy.max_body_bytes == 16 * 1024 * 1024 and s.proxy.max_attempts == 3
     assert s.health.eject_after == 3 and s.scrape.enabled is True
