@@ -59,7 +59,8 @@ SCENARIOS: list[tuple[str, str, str]] = [
      "In-process router (to count its asyncio tasks) in front of 4 replica processes (200 ms "
      "engine steps). N clients each open a long stream, read the first SSE chunk, then close "
      "(even) or reset (odd) the connection one at a time; after each drop the serving replica's "
-     "abort counter is polled. Afterwards: requests dispatched vs sent, in-flight gauges, "
+     "abort counter is polled and the abort time is the replica's own abort stamp minus the "
+     "drop time (same wall clock); every one must be <= 100 ms. Afterwards: requests dispatched vs sent, in-flight gauges, "
      "ESTABLISHED sockets of the router (from /proc), event-loop tasks."),
     ("disconnect_queued", "Disconnects: clients drop while queued",
      "Same, but replicas run with `--max-num-seqs 2` and requests are non-streamed, so all but "

@@ -39,6 +39,7 @@ def stats(replica: Replica) -> dict[str, Any]:
         "pid": os.getpid(),
         "requests": replica.requests,
         "aborts": replica.aborts,
+        "last_abort_at": replica.last_abort_at,
         "in_flight": len(replica.in_flight),
         "in_flight_ids": sorted(replica.in_flight),
         "running": queue["running"],

@@ -110,6 +110,7 @@ class Replica:
         self.engine.slow = self.faults.spec.slow
         self.requests = 0
         self.hang_aborts = 0
+        self.last_abort_at: float | None = None  # wall clock of the latest abort (tests time it)
         self.in_flight: dict[str, InFlight] = {}
         self.created = int(time.time())
         self._seq = itertools.count()
@@ -246,6 +247,7 @@ class Replica:
         if verdict.action is Action.HANG:
             await wait_disconnect(receive)
             self.hang_aborts += 1
+            self.last_abort_at = time.time()
             return
         try:
             data = parse_json(body)
@@ -280,7 +282,8 @@ class Replica:
                 usage = await race_disconnect(handle.wait(), receive)
                 await self._respond_now(job, env, pieces, usage, send)
         finally:
-            handle.abort()  # no-op when finished
+            if handle.abort():  # False when it had finished
+                self.last_abort_at = time.time()
 
     async def _respond_now(self, job: Job, env: Envelope, pieces: list[str], usage: Usage,
                            send: Send) -> None:

@@ -8,8 +8,9 @@ counted; the replicas are simulated vLLM processes that count requests and abort
 - 200 clients send a long non-streamed request to replicas with ``--max-num-seqs 2`` (so almost
   all of them wait in the replica's queue), then drop it.
 
-Per dropped client we poll the serving replica's abort counter and record how long the abort
-took to arrive (the promise: 100 ms; asserted with a margin for a loaded 2-core box). At the end:
+Per dropped client we wait for the serving replica's abort counter to move and take the time
+from the drop to the replica's own abort stamp (`last_abort_at`, wall clock, so polling delay
+does not count); every one must be within the promise, 100 ms. At the end:
 requests dispatched == requests sent (nothing was retried after a disconnect), in-flight gauges
 are back to zero, and no connection or task of the router is left behind.
 """
@@ -36,8 +37,7 @@ from tests.reliability.load import chat_body
 
 pytestmark = pytest.mark.slow
 
-ABORT_PROMISE = 0.1
-ABORT_BOUND = 1.0   # the promise plus a margin for a loaded 2-core CI box
+ABORT_PROMISE = 0.1  # every abort within 100 ms, timed by the replica's own abort stamp
 LONG = 1000         # tokens: no request can finish during the test
 SPEED = 0.05        # 200 ms engine steps: 200 open streams stay cheap for a 2-core box
 
@@ -127,20 +127,25 @@ def router_tasks(app: RouterApp) -> int:
 
 def drop_and_time(fleet: Fleet, stats: Stats, clients: list[Client],
                   loop: asyncio.AbstractEventLoop) -> list[float]:
-    """Drop clients one by one; seconds from each drop until a replica counted its abort."""
+    """Drop clients one by one; seconds from each drop until the replica aborted the request.
+
+    The replica stamps each abort with the wall clock (`last_abort_at` in /admin/stats); the
+    drop is stamped here with the same clock, so polling delays do not count."""
     index = {n: i for i, n in enumerate(fleet.names)}
     seconds: list[float] = []
     for n, c in enumerate(clients):
         targets = [index[c.replica]] if c.replica else list(range(len(fleet)))
         before = stats.aborts(targets)
         t0 = time.monotonic()
+        dropped_at = time.time()
         c.drop(reset=n % 2 == 1)
         loop.run_until_complete(asyncio.sleep(0))   # the transport closes its socket here
         while stats.aborts(targets) == before:
             if time.monotonic() - t0 > 10:
                 raise AssertionError(f"client {n} dropped, no abort after 10 s")
             time.sleep(0.002)
-        seconds.append(time.monotonic() - t0)
+        stamps = [stats.get(i)["last_abort_at"] or 0.0 for i in targets]
+        seconds.append(max(stamps) - dropped_at)
     return seconds
 
 
@@ -201,7 +206,7 @@ def check_and_record(name: str, r: dict[str, Any], measure: Callable[..., None])
             within_100ms=sum(s <= ABORT_PROMISE for s in secs))
     assert r["dispatched"] == r["sent"]          # nothing dispatched twice
     assert r["aborted"] == r["sent"]             # every upstream request aborted
-    assert max(secs) < ABORT_BOUND
+    assert max(secs) <= ABORT_PROMISE
     assert r["in_flight"] == 0 and r["replica_in_flight"] == 0 and r["open_requests"] == 0
     assert r["client_sockets_left"] == 0
     assert r["upstream_sockets_left"] <= r["upstream_sockets_before"]
