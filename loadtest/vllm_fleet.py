@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from loadtest.stats import parse_prometheus
+
 __all__ = ["VllmEnv", "VllmEnvMissing", "VllmFleet", "find_env", "parse_metrics"]
 
 CACHE_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "prefix-router"
@@ -95,21 +97,7 @@ def _group_members(pgid: int) -> list[tuple[int, int]]:
 
 def parse_metrics(text: str) -> dict[str, float]:
     """Prometheus text -> {sample name: value summed over label sets}; ``_created`` dropped."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_labels, _, rest = line.rpartition("}") if "}" in line else ("", "", line)
-        if name_labels:
-            name = name_labels.split("{", 1)[0]
-            value = rest.split()[0]
-        else:
-            name, value = rest.split()[:2]
-        if name.endswith("_created"):
-            continue
-        with contextlib.suppress(ValueError):
-            out[name] = out.get(name, 0.0) + float(value)
-    return out
+    return {k: v for k, v in parse_prometheus(text).items() if not k.endswith("_created")}
 
 
 class VllmFleet:
