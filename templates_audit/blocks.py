@@ -160,14 +160,6 @@ class PrefixCache:
             self.evictions += 1
         return bid
 
-    def can_allocate(self, hashes: Sequence[int], num_tokens: int) -> bool:
-        if self.num_blocks is None:
-            return True
-        hit = self._hit_blocks(hashes, num_tokens)
-        hit_free = sum(1 for b in hit if self._ref[b] == 0)
-        need = self.blocks_for(num_tokens) - len(hit)
-        return need <= len(self._free) - hit_free
-
     def allocate(self, hashes: Sequence[int], num_tokens: int, record: bool = True) -> Allocation | None:
         """Pin the cached prefix and allocate blocks for the rest of the prompt.
 
@@ -177,6 +169,7 @@ class PrefixCache:
         hit = self._hit_blocks(hashes, num_tokens)
         need = self.blocks_for(num_tokens) - len(hit)
         if self.num_blocks is not None:
+            # Pinning a free hit block takes it out of the free queue: it is not spare.
             hit_free = sum(1 for b in hit if self._ref[b] == 0)
             if need > len(self._free) - hit_free:
                 return None
