@@ -49,6 +49,20 @@ class Prompt:
         return self.text[: self.static_end]
 
 
+def _static_index(messages: list[dict[str, Any]]) -> int:
+    """Index of the first conversational message (the last message when all are static)."""
+    return next((i for i, m in enumerate(messages) if m.get("role") not in STATIC_ROLES),
+                len(messages) - 1)
+
+
+def _role(message: dict[str, Any]) -> Role:
+    return Role.DEVELOPER if message.get("role") == "developer" else Role.SYSTEM
+
+
+def _tools_json(record: Record) -> str:
+    return json.dumps(record.tools, ensure_ascii=False) if record.tools else ""
+
+
 def prepare(record: Record, renderer: ChatRenderer) -> Prompt:
     """Render ``record`` and locate its static part (raises ``render.TemplateError``)."""
     if record.messages is None:
@@ -56,8 +70,7 @@ def prepare(record: Record, renderer: ChatRenderer) -> Prompt:
         return Prompt(prompt, len(prompt), ((0, len(prompt), Role.PROMPT),), is_chat=False)
     messages = record.messages
     text = renderer.render(messages, tools=record.tools)
-    k = next((i for i, m in enumerate(messages) if m.get("role") not in STATIC_ROLES),
-             len(messages) - 1)
+    k = _static_index(messages)
     roles: list[tuple[int, int, Role]] = []
     cursor = 0
     for m in messages[:k]:
@@ -69,8 +82,7 @@ def prepare(record: Record, renderer: ChatRenderer) -> Prompt:
             content = content.strip()
             pos = text.find(content, cursor) if content else -1
         if pos >= 0:
-            role = Role.DEVELOPER if m.get("role") == "developer" else Role.SYSTEM
-            roles.append((pos, pos + len(content), role))
+            roles.append((pos, pos + len(content), _role(m)))
             cursor = pos + len(content)
     target = str(messages[k].get("content") or "")
     end = text.find(target, cursor) if target.strip() else -1
@@ -81,8 +93,7 @@ def prepare(record: Record, renderer: ChatRenderer) -> Prompt:
         end = rendered.find(_SENTINEL)
         if end < 0 or rendered[:end] != text[:end]:
             end = cursor
-    tools_json = json.dumps(record.tools, ensure_ascii=False) if record.tools else ""
-    return Prompt(text, end, tuple(roles), tools_json)
+    return Prompt(text, end, tuple(roles), _tools_json(record))
 
 
 # Templates that splice message content in verbatim, so a skeleton render is exact.
@@ -100,11 +111,6 @@ def _structure_key(msgs: list[dict[str, Any]], tools: Any) -> str:
         return "\x00".join(str(m.get("role")) for m in msgs)
     return json.dumps([[{k: v for k, v in m.items() if k != "content"} for m in msgs], tools],
                       sort_keys=True, default=str)
-
-
-def _static_index(messages: list[dict[str, Any]]) -> int:
-    return next((i for i, m in enumerate(messages) if m.get("role") not in STATIC_ROLES),
-                len(messages) - 1)
 
 
 class PromptBuilder:
@@ -177,12 +183,10 @@ class PromptBuilder:
             pos += len(lit)
             content = str(msgs[i].get("content") or "")
             if i < k and content:
-                role = Role.DEVELOPER if msgs[i].get("role") == "developer" else Role.SYSTEM
-                roles.append((pos, pos + len(content), role))
+                roles.append((pos, pos + len(content), _role(msgs[i])))
             if i == k:
                 static_end = pos
             out.append(content)
             pos += len(content)
         out.append(parts[-1])
-        tools_json = json.dumps(record.tools, ensure_ascii=False) if record.tools else ""
-        return Prompt("".join(out), static_end, tuple(roles), tools_json)
+        return Prompt("".join(out), static_end, tuple(roles), _tools_json(record))
