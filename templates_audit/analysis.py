@@ -155,10 +155,8 @@ class Auditor:
         if text == tpl.static_text:
             entry = StaticPart(text, tpl.static_ids, tpl.head, [])
         else:
-            shared = _shared_blocks(ids, tpl.static_ids, len(head), bs)
-            n_full = len(ids) // bs
-            hashes = head[:shared] + block_hashes(ids[shared * bs:n_full * bs], bs,
-                                                  parent=head[shared - 1] if shared else None)
+            prefix = head[:_shared_blocks(ids, tpl.static_ids, len(head), bs)]
+            hashes = prefix + _chain(prefix, ids[len(prefix) * bs:], bs)
             entry = StaticPart(text, ids, Head(hashes), diff_spans(tpl.static_text, text))
         self._static_lru[key] = entry
         if len(self._static_lru) > STATIC_CACHE:
@@ -222,7 +220,7 @@ class Auditor:
         ref_ids, head = tpl.static_ids, tpl.head.hashes
         k = len(head)
         # Achievable: the reference's static tokens, then this request's own tail.
-        ach_tail = block_hashes(ref_ids[k * bs:] + tail_ids, bs, parent=head[-1] if k else None)
+        ach_tail = _chain(head, ref_ids[k * bs:] + tail_ids, bs)
         self.achievable.serve(tpl.ach_head, k, ach_tail, len(ref_ids) + len(tail_ids))
         # Observed: this static part's own blocks (shared by its repeats), then the tail.
         num_tokens = len(entry.ids) + len(tail_ids)
@@ -231,7 +229,7 @@ class Auditor:
             return
         hashes = entry.head.hashes
         n = len(hashes)
-        tail = block_hashes(entry.ids[n * bs:] + tail_ids, bs, parent=hashes[-1] if n else None)
+        tail = _chain(hashes, entry.ids[n * bs:] + tail_ids, bs)
         self.observed.serve(entry.head, n, tail, num_tokens)
 
     # -- output -------------------------------------------------------------------------------
@@ -297,6 +295,11 @@ class Auditor:
             char_start=st.ref_start,
             char_end=st.ref_end,
         )
+
+
+def _chain(before: list[int], ids: list[int], bs: int) -> list[int]:
+    """Hashes of the full blocks of ``ids``, continuing the chain ``before`` (empty: a new chain)."""
+    return block_hashes(ids, bs, parent=before[-1] if before else None)
 
 
 def _shared_blocks(ids: list[int], ref: list[int], limit: int, bs: int) -> int:
