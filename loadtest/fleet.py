@@ -22,7 +22,6 @@ import atexit
 import contextlib
 import json
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from loadtest._net import free_port
 from loadtest.replica import config as replica_config
 from loadtest.replica.config import ReplicaConfig, to_argv
 
@@ -45,12 +45,6 @@ _FLEET_OWNED = frozenset({"name", "port", "admin_port", "host"})
 
 class FleetError(RuntimeError):
     """A replica did not come up (the message carries the tail of its log)."""
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -83,8 +77,8 @@ class Fleet:
         if len(names) != replicas:
             raise ValueError("names must have one entry per replica")
         self._members = [
-            _Member(name=n, port=base_port + i if base_port is not None else _free_port(host),
-                    admin_port=_free_port("127.0.0.1"), log=self.log_dir / f"{n}.log")
+            _Member(name=n, port=base_port + i if base_port is not None else free_port(host),
+                    admin_port=free_port("127.0.0.1"), log=self.log_dir / f"{n}.log")
             for i, n in enumerate(names)]
         self._lock = threading.Lock()
 

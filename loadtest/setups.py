@@ -39,6 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadtest._net import free_port
+
 __all__ = [
     "KEY_HEADER",
     "Launched",
@@ -92,14 +94,6 @@ def parse_setup(text: str) -> Setup:
     """``router-prefix`` / ``nginx`` / ``sglang-cache_aware`` / ``vllm-consistent_hash``."""
     kind, _, policy = text.partition("-")
     return Setup(kind, policy)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _nginx_binary() -> str | None:

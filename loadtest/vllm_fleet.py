@@ -22,7 +22,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from loadtest._net import free_port
 from loadtest.stats import parse_prometheus
 
 __all__ = ["VllmEnv", "VllmEnvMissing", "VllmFleet", "find_env", "parse_metrics"]
@@ -73,12 +73,6 @@ def find_env(venv: str | os.PathLike[str] | None = None,
         raise VllmEnvMissing(" and ".join(missing) + " not found; build it with `make vllm-env` "
                              "(scripts/vllm_env.sh)")
     return env
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _group_members(pgid: int) -> list[tuple[int, int]]:
@@ -195,7 +189,7 @@ class VllmFleet:
         t0 = time.monotonic()
         try:
             for i in range(self.n):
-                self.ports.append(_free_port())
+                self.ports.append(free_port())
                 self.procs.append(self._spawn(i))
             for i in range(self.n):
                 self._wait_ready(i, t0 + self.startup_timeout)
