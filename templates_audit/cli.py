@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from templates_audit.analysis import DEFAULT_CACHE_BLOCKS, Auditor
-from templates_audit.model import BadLine, Report
+from templates_audit.model import Report
 from templates_audit.progress import Progress
 from templates_audit.render import ChatRenderer, TemplateError
 from templates_audit.report import json_report, markdown, text
@@ -114,12 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       cache_blocks=args.cache_blocks or None, redact_values=args.redact)
     progress = Progress(total_bytes(args.files), enabled=False if args.no_progress else None)
     try:
-        for item in iter_trace(args.files, max_line_bytes=args.max_line_bytes,
-                               on_bytes=progress.advance):
-            if isinstance(item, BadLine):
-                auditor.add_bad(item)
-            else:
-                auditor.add(item)
+        auditor.add_all(iter_trace(args.files, max_line_bytes=args.max_line_bytes,
+                                   on_bytes=progress.advance))
     except KeyboardInterrupt:
         progress.close()
         print("prefix-audit: interrupted; reporting what was read", file=sys.stderr)
