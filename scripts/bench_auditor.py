@@ -30,7 +30,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from templates_audit.analysis import DEFAULT_CACHE_BLOCKS, Auditor
-from templates_audit.model import BadLine
 from templates_audit.tokenize import load_tokenizer
 from templates_audit.traces import iter_trace, parse_record
 
@@ -96,11 +95,7 @@ def audit_file(path: Path, tokenizer: str | None) -> tuple[int, float, float]:
     this runs on are busy, so wall time measures the neighbours as much as the auditor."""
     auditor = Auditor(load_tokenizer(tokenizer), cache_blocks=DEFAULT_CACHE_BLOCKS)
     start = time.process_time()
-    for item in iter_trace([str(path)]):
-        if isinstance(item, BadLine):
-            auditor.add_bad(item)
-        else:
-            auditor.add(item)
+    auditor.add_all(iter_trace([str(path)]))
     report = auditor.report()
     elapsed = time.process_time() - start
     return report.summary.requests, elapsed, report.summary.prompt_tokens / max(report.summary.requests, 1)
