@@ -40,7 +40,6 @@ import re
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -51,6 +50,7 @@ from loadtest.compare import machine_info
 from loadtest.report import COMPARE_HEADER, compare_row, fmt, ms, pct, table
 from loadtest.runner import Plan, run
 from loadtest.setups import Setup, launch
+from loadtest.vllm_fleet import reset_prefix_cache
 from loadtest.workloads import Request, WorkloadSpec, generate
 
 __all__ = ["RUNS", "BenchConfig", "Replicas", "bench", "main", "render", "requests_for"]
@@ -360,12 +360,7 @@ class _External:
         self.names = [f"vllm{i}" for i in range(len(self.urls))]
 
     def reset_prefix_cache(self, i: int) -> None:
-        req = urllib.request.Request(self.urls[i] + "/reset_prefix_cache", method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                resp.read()
-        except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"{self.urls[i]}: reset_prefix_cache answered {exc.code}") from exc
+        reset_prefix_cache(self.urls[i], self.urls[i])
 
 
 def _vllm_version(venv: Path) -> str:

@@ -36,7 +36,8 @@ from types import TracebackType
 from loadtest._net import free_port
 from loadtest.stats import parse_prometheus
 
-__all__ = ["VllmEnv", "VllmEnvMissing", "VllmFleet", "find_env", "parse_metrics"]
+__all__ = ["VllmEnv", "VllmEnvMissing", "VllmFleet", "find_env", "parse_metrics",
+           "reset_prefix_cache"]
 
 CACHE_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "prefix-router"
 ENV_VAR_VENV = "PREFIX_ROUTER_VLLM_ENV"
@@ -87,6 +88,16 @@ def _group_members(pgid: int) -> list[tuple[int, int]]:
             if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
                 out.append((int(entry.name), int(fields[21])))
     return out
+
+
+def reset_prefix_cache(url: str, who: str) -> None:
+    """``POST {url}/reset_prefix_cache`` (vLLM dev mode); a refusal raises RuntimeError naming ``who``."""
+    req = urllib.request.Request(url + "/reset_prefix_cache", method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            resp.read()
+    except urllib.error.HTTPError as exc:
+        raise RuntimeError(f"{who}: reset_prefix_cache answered {exc.code}") from exc
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -281,12 +292,7 @@ class VllmFleet:
 
     def reset_prefix_cache(self, i: int) -> None:
         """Empty replica ``i``'s prefix cache (vLLM refuses while requests run: RuntimeError)."""
-        req = urllib.request.Request(self.urls[i] + "/reset_prefix_cache", method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                resp.read()
-        except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"{self.names[i]}: reset_prefix_cache answered {exc.code}") from exc
+        reset_prefix_cache(self.urls[i], self.names[i])
 
     def rss_bytes(self, i: int) -> int:
         """Resident memory of replica ``i``'s whole process group (API server, engine, worker)."""
