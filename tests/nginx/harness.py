@@ -27,11 +27,19 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from router.nginx_config import NginxOptions, render_config
+from router.replicas import address_of
+from router.ring import RingMember
+from router.ring_nginx import NginxRing
 from tests.conftest import ThreadedServer, free_port, require_binary, wait_for_port
 
 Replica = tuple[str, str, int]  # (name, url, weight), what render_config takes
 KEY_HEADER = "X-Prefix-Hash"
 COMPLETION_BODY = b'{"model": "m", "prompt": "hi"}'
+
+
+def ring_of(replicas: Sequence[Replica]) -> NginxRing:
+    """The router's model of nginx's ring over `replicas`: where each key should land."""
+    return NginxRing([RingMember(name, weight, address_of(url)) for name, url, weight in replicas])
 
 
 def nginx_binary() -> str:

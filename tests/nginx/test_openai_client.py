@@ -11,11 +11,9 @@ import pytest
 
 from loadtest.replica import Replica, ReplicaConfig
 from router.client import hash_key
-from router.replicas import address_of
-from router.ring import RingMember
 from router.ring_nginx import NginxRing
 from tests.conftest import ThreadedServer
-from tests.nginx.harness import KEY_HEADER, NginxProcess, running_nginx
+from tests.nginx.harness import KEY_HEADER, NginxProcess, ring_of, running_nginx
 
 pytestmark = pytest.mark.nginx
 
@@ -28,7 +26,7 @@ def sim_nginx(tmp_path: Path) -> Iterator[tuple[NginxProcess, NginxRing]]:
         for server in servers:
             server.start()
         replicas = [(f"sim-{i}", s.url, 1 + i % 2) for i, s in enumerate(servers)]
-        ring = NginxRing([RingMember(n, w, address_of(u)) for n, u, w in replicas])
+        ring = ring_of(replicas)
         with running_nginx(tmp_path, replicas) as nginx:
             yield nginx, ring
     finally:

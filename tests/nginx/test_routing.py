@@ -11,29 +11,23 @@ from pathlib import Path
 import pytest
 
 from router.replicas import address_of
-from router.ring import RingMember
-from router.ring_nginx import NginxRing
 from tests.conftest import ThreadedServer, free_port
 from tests.nginx.harness import (
     KEY_HEADER,
     NginxProcess,
-    Replica,
     StreamGate,
     identity_app,
     identity_fleet,
     nginx_fleet,
     placements,
     render_standalone,
+    ring_of,
     running_nginx,
 )
 
 pytestmark = pytest.mark.nginx
 
 KEYS = [f"prefix-{i:05d}" for i in range(2000)]
-
-
-def ring_of(replicas: list[Replica]) -> NginxRing:
-    return NginxRing([RingMember(name, weight, address_of(url)) for name, url, weight in replicas])
 
 
 def request(port: int, method: str, path: str, headers: dict[str, str] | None = None,
