@@ -7,7 +7,6 @@ key and the membership — measured by vLLM: every request after the first hits 
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +15,9 @@ import httpx
 import pytest
 
 from loadtest.vllm_fleet import VllmFleet
-from tests.conftest import free_port, wait_for_port
+from tests.conftest import free_port
 
+from ._process import serving
 from ._prompts import chat
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -27,21 +27,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 def router_process(fleet: VllmFleet, tmp_path: Path) -> Iterator[str]:
     port = free_port()
     backends = [arg for url in fleet.urls for arg in ("--backend", url)]
-    with open(tmp_path / "router.log", "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "router", "serve", *backends, "--port", str(port),
-             "--workers", "2"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
-        wait_for_port(port, timeout=60)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+    argv = [sys.executable, "-m", "router", "serve", *backends, "--port", str(port),
+            "--workers", "2"]
+    with serving(argv, port, tmp_path / "router.log", stop_timeout=30) as url:
+        yield url
 
 
 def test_cli_router_with_two_workers_keeps_prefix_affinity(fleet: VllmFleet, router_process: str,

@@ -13,7 +13,6 @@ completions sharing a leading window. Findings are in docs/vllm.md ("Fidelity").
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from itertools import pairwise
@@ -24,8 +23,9 @@ import httpx
 import pytest
 
 from loadtest.vllm_fleet import VllmFleet
-from tests.conftest import free_port, wait_for_port
+from tests.conftest import free_port
 
+from ._process import serving
 from ._prompts import prose
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -86,24 +86,12 @@ def measure(url: str, reqs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
 def sim_replica(fleet: VllmFleet, tmp_path: Path) -> Any:
     model = fleet.env.model_dir
     port = free_port()
-    log = open(tmp_path / "sim.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "loadtest", "replica", "--port", str(port), "--model", "tiny-llama",
-         "--block-size", "32", "--kv-blocks", str(KV_BLOCKS),
-         "--tokenizer", str(model / "tokenizer.json"),
-         "--chat-template", str(model / "chat_template.jinja"), "--instant"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
-        wait_for_port(port, timeout=60)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
-        log.close()
+    argv = [sys.executable, "-m", "loadtest", "replica", "--port", str(port), "--model", "tiny-llama",
+            "--block-size", "32", "--kv-blocks", str(KV_BLOCKS),
+            "--tokenizer", str(model / "tokenizer.json"),
+            "--chat-template", str(model / "chat_template.jinja"), "--instant"]
+    with serving(argv, port, tmp_path / "sim.log", stop_timeout=15) as url:
+        yield url
 
 
 def test_real_and_simulated_replica_count_the_same_hits(fleet: VllmFleet, sim_replica: str,
