@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     keys = [f"capture-{i:06d}" for i in range(args.keys)]
     upstreams = capture(args.nginx, keys, args.path, settings.routing.key_header)
     table = {k: by_address.get(a, a) for k, a in upstreams.items()}
-    mismatches = {k: (v, ring.lookup(k)) for k, v in table.items() if v != ring.lookup(k)}
+    expected = {k: ring.lookup(k) for k in table}
+    mismatches = {k: (v, expected[k]) for k, v in table.items() if v != expected[k]}
 
     for name, count in sorted(Counter(table.values()).items()):
         print(f"{name:>24} {count:7d}")
