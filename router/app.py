@@ -67,7 +67,6 @@ _REJECT_REASONS = {400: "invalid_request", 401: "unauthorized", 404: "not_found"
                    413: "body_too_large", 429: "overloaded", 502: "upstream_error",
                    503: "no_replica", 504: "upstream_timeout"}
 _JSON = [(b"content-type", b"application/json")]
-_TEXT = [(b"content-type", b"text/plain; charset=utf-8")]
 
 
 def key_config(r: RoutingSettings) -> KeyConfig:
