@@ -267,6 +267,7 @@ class _Driver:
         self.headers = headers
         self.session = session
         self.outcomes: list[Outcome] = []
+        self.errors = 0
         self.open: dict[asyncio.Task[Outcome], tuple[int, float]] = {}
         self.t0 = 0.0
         self.sent = 0
@@ -285,7 +286,8 @@ class _Driver:
 
     def _record(self, o: Outcome) -> None:
         self.outcomes.append(o)
-        self.progress.update(len(self.outcomes), sum(1 for x in self.outcomes if not x.ok))
+        self.errors += not o.ok
+        self.progress.update(len(self.outcomes), self.errors)
 
     async def _open_loop(self, bodies: list[bytes], stop_at: float) -> None:
         for i, r in enumerate(self.requests):
