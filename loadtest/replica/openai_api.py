@@ -9,7 +9,7 @@ tokenised without a template.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -156,8 +156,3 @@ def models_response(model: str, root: str, max_model_len: int, created: int) -> 
     return {"object": "list", "data": [{
         "id": model, "object": "model", "created": created, "owned_by": "vllm", "root": root,
         "parent": None, "max_model_len": max_model_len, "permission": []}]}
-
-
-def messages_of(body: Mapping[str, Any]) -> Sequence[Mapping[str, Any]] | None:
-    msgs = body.get("messages")
-    return msgs if isinstance(msgs, list) else None

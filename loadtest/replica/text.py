@@ -32,7 +32,3 @@ def token_text(seed: int, index: int) -> str:
 def completion_pieces(seed: int, num_tokens: int) -> list[str]:
     """The completion's text, one piece per token (what each stream chunk carries)."""
     return [token_text(seed, i) for i in range(num_tokens)]
-
-
-def completion_text(seed: int, num_tokens: int) -> str:
-    return "".join(completion_pieces(seed, num_tokens))
