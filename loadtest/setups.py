@@ -35,7 +35,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,10 +181,9 @@ def _get(url: str, timeout: float = 1.0) -> tuple[int, bytes] | None:
         return None
 
 
-def _wait(launched: Launched, ready: object, timeout: float) -> None:
+def _wait(launched: Launched, ready: Callable[[], bool], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        assert callable(ready)
         if ready():
             return
         if launched.proc is not None and launched.proc.poll() is not None:
