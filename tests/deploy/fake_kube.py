@@ -32,7 +32,6 @@ from urllib.parse import parse_qs, urlsplit
 
 from tests.conftest import free_port
 
-LIST_PATH = "/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices"
 SERVICE_LABEL = "kubernetes.io/service-name"
 
 
