@@ -54,12 +54,12 @@ from router.errors import (
     error_body,
 )
 from router.health import HealthMonitor
-from router.keys import KeyConfig, derive
+from router.keys import derive, key_config
 from router.metrics import RouterMetrics
 from router.policy import Branch, make_policy
 from router.proxy import Forwarder, Receive, Scope, Send, Upstream, make_session
 from router.replicas import EndpointLike, ReplicaSet
-from router.settings import RoutingSettings, Settings, settings_from_env
+from router.settings import Settings, settings_from_env
 
 log = logging.getLogger("prefix_router")
 
@@ -67,11 +67,6 @@ _REJECT_REASONS = {400: "invalid_request", 401: "unauthorized", 404: "not_found"
                    413: "body_too_large", 429: "overloaded", 502: "upstream_error",
                    503: "no_replica", 504: "upstream_timeout"}
 _JSON = [(b"content-type", b"application/json")]
-
-
-def key_config(r: RoutingSettings) -> KeyConfig:
-    return KeyConfig(min_prefix_chars=r.min_prefix_chars, max_prefix_chars=r.max_prefix_chars,
-                     key_header=r.key_header, session_header=r.session_header)
 
 
 async def send_bytes(send: Send, status: int, body: bytes,

@@ -232,8 +232,8 @@ def nginx_config(args: argparse.Namespace) -> int:
 
 
 def hash_key_command(args: argparse.Namespace) -> int:
-    from router.app import key_config
     from router.client import hash_key
+    from router.keys import key_config
 
     raw = sys.stdin.buffer.read()
     try:

@@ -43,11 +43,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
 from templates_audit.detectors import Match, first_volatile
+
+if TYPE_CHECKING:
+    from router.settings import RoutingSettings
 
 __all__ = [
     "KeyConfig",
@@ -115,6 +118,12 @@ class KeyConfig:
         # Header names are compared case-insensitively; store them lowercase once.
         object.__setattr__(self, "key_header", self.key_header.lower())
         object.__setattr__(self, "session_header", self.session_header.lower())
+
+
+def key_config(r: RoutingSettings) -> KeyConfig:
+    """The key settings of a validated ``routing:`` section (the app and ``hash-key`` share it)."""
+    return KeyConfig(min_prefix_chars=r.min_prefix_chars, max_prefix_chars=r.max_prefix_chars,
+                     key_header=r.key_header, session_header=r.session_header)
 
 
 @dataclass(frozen=True)
