@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import tempfile
 import time
@@ -46,7 +45,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from loadtest.compare import machine_info
+from loadtest.compare import machine_info, router_branches
 from loadtest.report import COMPARE_HEADER, compare_row, fmt, ms, pct, table
 from loadtest.runner import Plan, run
 from loadtest.setups import Setup, launch
@@ -150,20 +149,10 @@ def _by_name(summary: Mapping[str, Any], fleet: Replicas) -> dict[str, dict[str,
     return out
 
 
-_REQUESTS_SAMPLE = re.compile(r'^prefix_router_requests_total\{([^}]*)\}\s+(\S+)', re.M)
-_BRANCH_LABEL = re.compile(r'branch="([^"]*)"')
-
-
 def _branches(router_url: str) -> dict[str, int]:
     """Requests per routing branch (home, spill, ...) from the router's own /metrics."""
     with urllib.request.urlopen(router_url + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    out: dict[str, int] = {}
-    for labels, value in _REQUESTS_SAMPLE.findall(text):
-        m = _BRANCH_LABEL.search(labels)
-        if m:
-            out[m.group(1)] = out.get(m.group(1), 0) + int(float(value))
-    return dict(sorted(out.items()))
+        return router_branches(resp.read().decode())
 
 
 def bench(fleet: Replicas, cfg: BenchConfig, workdir: Path, log: Log = _stderr) -> dict[str, Any]:
