@@ -34,7 +34,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -149,11 +149,8 @@ def run_setup(setup: Setup, requests: Sequence[Request], plan: Plan, fleet_param
     try:
         replicas = list(zip(fleet.names, fleet.urls, strict=True))
         with launch(setup, replicas, workdir) as launched:
-            p = Plan(launched.url, rate=plan.rate, concurrency=plan.concurrency,
-                     duration=plan.duration, max_requests=plan.max_requests,
-                     max_time=plan.max_time, request_timeout=plan.request_timeout,
-                     stream=plan.stream, prefix_hash_header=setup.prefix_hash_header,
-                     replica_urls=tuple(fleet.urls), progress_label=setup.name)
+            p = replace(plan, target=launched.url, prefix_hash_header=setup.prefix_hash_header,
+                        replica_urls=tuple(fleet.urls), progress_label=setup.name)
             result = run(p, requests, workload_meta)
             branches = _scrape_branches(launched.url) if setup.kind == "router" else {}
             return result, branches
