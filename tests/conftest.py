@@ -13,7 +13,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -33,6 +33,15 @@ def wait_for_port(port: int, timeout: float = 15.0, host: str = "127.0.0.1") -> 
             return
         time.sleep(0.02)
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
+
+
+def wait_for(check: Callable[[], bool], what: str, tries: int = 300) -> None:
+    """Poll ``check`` every 20 ms, up to ``tries`` times; fail naming ``what`` otherwise."""
+    for _ in range(tries):
+        if check():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 class ThreadedServer:

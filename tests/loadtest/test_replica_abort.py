@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -11,16 +10,9 @@ import httpx
 import pytest
 
 from loadtest.replica import Replica, ReplicaConfig
+from tests.conftest import wait_for
 
 HTTP = httpx.Client(timeout=30)
-
-
-def wait_for(check: Callable[[], bool], what: str, tries: int = 300) -> None:
-    for _ in range(tries):
-        if check():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture

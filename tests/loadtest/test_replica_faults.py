@@ -12,17 +12,10 @@ import pytest
 
 from loadtest.fleet import Fleet
 from loadtest.replica import Replica, ReplicaConfig
+from tests.conftest import wait_for
 
 HTTP = httpx.Client(timeout=30)
 BODY = {"prompt": list(range(40)), "max_tokens": 8}
-
-
-def wait_for(check: Callable[[], bool], what: str, tries: int = 300) -> None:
-    for _ in range(tries):
-        if check():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
