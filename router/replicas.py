@@ -88,6 +88,7 @@ class ReplicaSet:
         self.ring_kind = ring_kind
         self.vnodes = vnodes
         self._states: dict[str, ReplicaState] = {}
+        self._listed: tuple[ReplicaState, ...] = ()  # _states' values, built once per update
         if ring_kind not in RING_KINDS:
             raise ValueError(
                 f"ring kind: expected one of {', '.join(RING_KINDS)}, got {ring_kind!r}"
@@ -102,7 +103,7 @@ class ReplicaSet:
 
     def states(self) -> tuple[ReplicaState, ...]:
         """All known replicas (available or not), sorted by name."""
-        return tuple(self._states.values())
+        return self._listed
 
     def get(self, name: str) -> ReplicaState | None:
         return self._states.get(name)
@@ -139,6 +140,7 @@ class ReplicaSet:
                 state.url, state.weight, state.draining = e.url, e.weight, draining
             states[e.name] = state
         self._states, self._ring, self._signature = states, ring, signature
+        self._listed = tuple(states.values())
         return rebuilt
 
     def _build(self, members: list[RingMember]) -> Ring:
