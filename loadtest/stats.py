@@ -38,7 +38,11 @@ def percentile(values: Sequence[float], p: float) -> float:
         return math.nan
     if not 0 <= p <= 100:
         raise ValueError(f"percentile must be within [0, 100], got {p}")
-    v = sorted(values)
+    return _interpolate(sorted(values), p)
+
+
+def _interpolate(v: Sequence[float], p: float) -> float:
+    """The p-th percentile of the non-empty, already sorted ``v``."""
     pos = (len(v) - 1) * p / 100.0
     lo = math.floor(pos)
     hi = min(lo + 1, len(v) - 1)
@@ -49,12 +53,13 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
     """count, mean, p50, p90, p99, max of ``values``."""
     if not values:
         return {"count": 0, "mean": math.nan, "p50": math.nan, "p90": math.nan, "p99": math.nan, "max": math.nan}
+    v = sorted(values)
     return {
         "count": len(values),
         "mean": sum(values) / len(values),
-        "p50": percentile(values, 50),
-        "p90": percentile(values, 90),
-        "p99": percentile(values, 99),
+        "p50": _interpolate(v, 50),
+        "p90": _interpolate(v, 90),
+        "p99": _interpolate(v, 99),
         "max": max(values),
     }
 
