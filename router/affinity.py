@@ -42,8 +42,8 @@ class ConversationAffinity:
             prev = next((s for s in available if s.name == last), None)
             if prev is not None:
                 total = sum(s.load() for s in available)
-                weight = sum(max(s.weight, 1) for s in available)
-                if prev.load() < load_cap(total, max(prev.weight, 1), weight, self.load_factor,
+                weight = sum(s.weight for s in available)  # ReplicaState keeps weights >= 1
+                if prev.load() < load_cap(total, prev.weight, weight, self.load_factor,
                                           self.load_floor):
                     decision = Decision(last, Branch.CONVERSATION,
                                         (last, *(c for c in decision.candidates if c != last)),
