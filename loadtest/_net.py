@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import urllib.error
+import urllib.request
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -10,3 +12,14 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def http_get(url: str, timeout: float = 1.0) -> tuple[int, bytes] | None:
+    """(status, body) of a GET; an error status has an empty body; None if nothing answered."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status), resp.read()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), b""
+    except (OSError, urllib.error.URLError):
+        return None

@@ -27,14 +27,13 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
 import urllib.request
 from dataclasses import dataclass, fields
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from loadtest._net import free_port
+from loadtest._net import free_port, http_get
 from loadtest.replica import config as replica_config
 from loadtest.replica.config import ReplicaConfig, to_argv
 
@@ -135,12 +134,8 @@ class Fleet:
                 time.sleep(0.05)
 
     def _healthy(self, m: _Member) -> bool:
-        url = f"http://{self._url_host()}:{m.port}/health"
-        try:
-            with urllib.request.urlopen(url, timeout=1.0) as resp:
-                return bool(resp.status == 200)
-        except (OSError, urllib.error.URLError):
-            return False
+        got = http_get(f"http://{self._url_host()}:{m.port}/health")
+        return got is not None and got[0] == 200
 
     @staticmethod
     def _tail(m: _Member, lines: int = 20) -> str:

@@ -33,13 +33,11 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtest._net import free_port
+from loadtest._net import free_port, http_get
 
 __all__ = [
     "KEY_HEADER",
@@ -171,16 +169,6 @@ def _spawn(argv: Sequence[str], log: Path, env: dict[str, str] | None = None,
                                 start_new_session=True, env=env, cwd=cwd)
 
 
-def _get(url: str, timeout: float = 1.0) -> tuple[int, bytes] | None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return int(resp.status), resp.read()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), b""
-    except (OSError, urllib.error.URLError):
-        return None
-
-
 def _wait(launched: Launched, ready: Callable[[], bool], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -214,7 +202,7 @@ def _launch_router(setup: Setup, replicas: Sequence[Replica], workdir: Path, por
                                                     "xxhash", port)))
     proc = _spawn([sys.executable, "-m", "router", "serve", "--config", str(conf)], log)
     launched = Launched(setup, f"http://127.0.0.1:{port}", proc, log)
-    _wait(launched, lambda: (_get(f"{launched.url}/ready") or (0, b""))[0] == 200, 30.0)
+    _wait(launched, lambda: (http_get(f"{launched.url}/ready") or (0, b""))[0] == 200, 30.0)
     return launched
 
 
@@ -235,12 +223,12 @@ def _launch_nginx(setup: Setup, replicas: Sequence[Replica], workdir: Path, port
     proc = _spawn([binary, "-p", str(prefix), "-c", str(conf), "-e", str(prefix / "error.log"),
                    "-g", globals_], log)
     launched = Launched(setup, f"http://127.0.0.1:{port}", proc, log)
-    _wait(launched, lambda: _get(f"{launched.url}/") is not None, 15.0)
+    _wait(launched, lambda: http_get(f"{launched.url}/") is not None, 15.0)
     return launched
 
 
 def _workers_ready(url: str, n: int) -> bool:
-    got = _get(f"{url}/workers")
+    got = http_get(f"{url}/workers")
     if got is None or got[0] != 200:
         return False
     try:
