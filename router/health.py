@@ -109,6 +109,7 @@ class HealthMonitor:
         self.metrics = metrics
         self.on_change = on_change
         self.clock = clock
+        self._timeout = aiohttp.ClientTimeout(total=health.timeout)  # probes and scrapes
         self._track: dict[str, _Track] = {}
 
     def _get(self, name: str) -> _Track:
@@ -162,7 +163,7 @@ class HealthMonitor:
     async def probe(self, session: aiohttp.ClientSession, replica: Replica) -> bool:
         try:
             async with session.get(replica.url + "/health", allow_redirects=False,
-                                   timeout=aiohttp.ClientTimeout(total=self.health.timeout)) as r:
+                                   timeout=self._timeout) as r:
                 await r.read()
                 return r.status == 200
         except (aiohttp.ClientError, TimeoutError, OSError):
@@ -202,7 +203,7 @@ class HealthMonitor:
         load = VllmLoad(0.0, 0.0, 0.0)
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError):
             async with session.get(replica.url + "/metrics", allow_redirects=False,
-                                   timeout=aiohttp.ClientTimeout(total=self.health.timeout)) as r:
+                                   timeout=self._timeout) as r:
                 if r.status == 200:
                     load = parse_vllm_metrics(await r.text())
         replica.running, replica.waiting = load.running, load.waiting
