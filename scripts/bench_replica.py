@@ -1,0 +1,213 @@
+"""CPU per request of an `--instant` simulated replica next to `prefix-router serve`, in one run.
+
+    python scripts/bench_replica.py                      # ~1-2 min on 2 shared cores
+    python scripts/bench_replica.py --requests 1500 --rounds 2 --json out.json
+
+Starts two instant replicas (`Fleet(replicas=2, instant=True)`, one process each) and the router
+(`python -m router.cli serve --backend <replica 1> --port P`, one uvicorn worker). Then, in
+``--rounds`` interleaved rounds, four cells: replica 0 hit directly and the router (in front of
+replica 1), each non-streamed and streamed. A cell is a closed loop of ``--concurrency`` (16)
+aiohttp coroutines sending ``--requests`` chat requests in all and reading every body to the end.
+
+Requests are realistic for a prefix-cached fleet: one ~850-token system prompt shared by all, a
+unique user turn each, ``max_tokens`` 16 (streamed: ``stream_options.include_usage``).
+
+What is reported per cell: requests/s (wall clock: depends on how busy the shared box is) and
+**CPU per request** = utime+stime (``/proc/<pid>/stat``) of the server process over the cell,
+divided by the requests completed, which does not depend on the box's load. For the router cells
+the backend replica's CPU per request is shown too. The closing lines give, per mode, the
+replica's capacity per core as a multiple of the router's: router CPU/request divided by replica
+CPU/request (the target of issue #3 is >= 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import aiohttp
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from loadtest._net import free_port, http_get
+from loadtest.fleet import Fleet
+from loadtest.setups import cpu_seconds
+from loadtest.workloads import synthetic_text
+
+SYSTEM_WORDS = 570   # ~850 tokens with the default tokeniser and the ChatML template
+
+
+def system_prompt() -> str:
+    return ("You are the ACME help desk assistant. Answer briefly and cite the policy section.\n"
+            + synthetic_text(random.Random(7), SYSTEM_WORDS))
+
+
+def body(i: int, stream: bool, system: str) -> bytes:
+    obj: dict[str, Any] = {
+        "model": "sim-model", "max_tokens": 16, "temperature": 0, "stream": stream,
+        "messages": [{"role": "system", "content": system},
+                     {"role": "user", "content": f"Ticket {i} ({random.getrandbits(48):x}): "
+                                                 "how do I reset my password?"}]}
+    if stream:
+        obj["stream_options"] = {"include_usage": True}
+    return json.dumps(obj).encode()
+
+
+@dataclass
+class Cell:
+    target: str     # "replica" or "router"
+    mode: str       # "plain" or "stream"
+    requests: int = 0
+    errors: int = 0
+    wall: float = 0.0
+    cpu: float = 0.0           # the target process
+    backend_cpu: float = 0.0   # the replica behind the router (router cells)
+
+    @property
+    def cpu_ms(self) -> float:
+        return 1000 * self.cpu / self.requests if self.requests else float("nan")
+
+    @property
+    def backend_cpu_ms(self) -> float:
+        return 1000 * self.backend_cpu / self.requests if self.requests else float("nan")
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.wall if self.wall else 0.0
+
+
+async def closed_loop(url: str, bodies: list[bytes], concurrency: int) -> tuple[int, int, float]:
+    """Send every body once, `concurrency` at a time; (ok, errors, wall seconds)."""
+    it = iter(bodies)
+    ok = errors = 0
+    conn = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    headers = {"content-type": "application/json"}
+    async with aiohttp.ClientSession(connector=conn) as session:
+        async def worker() -> None:
+            nonlocal ok, errors
+            for data in it:
+                try:
+                    async with session.post(url, data=data, headers=headers) as resp:
+                        await resp.read()
+                        if resp.status == 200:
+                            ok += 1
+                        else:
+                            errors += 1
+                except aiohttp.ClientError:
+                    errors += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return ok, errors, time.perf_counter() - t0
+
+
+def run_cell(cell: Cell, url: str, pid: int, backend_pid: int | None, n: int, concurrency: int,
+             system: str, warmup: int = 200) -> None:
+    stream = cell.mode == "stream"
+    asyncio.run(closed_loop(url, [body(i, stream, system) for i in range(warmup)], concurrency))
+    bodies = [body(i, stream, system) for i in range(n)]
+    c0 = cpu_seconds(pid)
+    b0 = cpu_seconds(backend_pid) if backend_pid else 0.0
+    ok, errors, wall = asyncio.run(closed_loop(url, bodies, concurrency))
+    cell.cpu += cpu_seconds(pid) - c0
+    if backend_pid:
+        cell.backend_cpu += cpu_seconds(backend_pid) - b0
+    cell.requests += ok
+    cell.errors += errors
+    cell.wall += wall
+
+
+def start_router(backend: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "router.cli", "serve", "--backend", backend, "--port", str(port),
+         "--host", "127.0.0.1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        got = http_get(url + "/health")
+        if got is not None and got[0] == 200:
+            return proc, url
+        if proc.poll() is not None:
+            raise RuntimeError(f"router exited with {proc.returncode}")
+        time.sleep(0.2)
+    proc.terminate()
+    raise RuntimeError("router did not become healthy")
+
+
+def prompt_tokens(url: str, system: str) -> int:
+    data = json.dumps({"model": "sim-model", "messages": [
+        {"role": "system", "content": system}, {"role": "user", "content": "x"}]}).encode()
+    req = urllib.request.Request(url + "/tokenize", data=data,
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return int(json.loads(resp.read())["count"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--requests", type=int, default=2000, help="requests per cell and round")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--skip-router", action="store_true", help="measure the replica only")
+    p.add_argument("--json", help="also write the cells here")
+    args = p.parse_args(argv)
+
+    system = system_prompt()
+    cells = {(t, m): Cell(t, m) for t in ("replica", "router") for m in ("plain", "stream")
+             if not (args.skip_router and t == "router")}
+    with Fleet(replicas=2, instant=True) as fleet:
+        pids = [int(pid) for pid in fleet.pids if pid is not None]
+        print(f"system prompt + user turn: {prompt_tokens(fleet.urls[0], system)} prompt tokens",
+              flush=True)
+        router = None
+        try:
+            if not args.skip_router:
+                router, router_url = start_router(fleet.urls[1])
+            for rnd in range(args.rounds):
+                for (target, mode), cell in cells.items():
+                    if target == "replica":
+                        url, pid, backend = fleet.urls[0], pids[0], None
+                    else:
+                        assert router is not None
+                        url, pid, backend = router_url, router.pid, pids[1]
+                    run_cell(cell, url + "/v1/chat/completions", pid, backend, args.requests,
+                             args.concurrency, system)
+                    print(f"round {rnd + 1} {target:7s} {mode:6s} {cell.requests:6d} req "
+                          f"{cell.rate:7.1f} req/s  cpu {cell.cpu_ms:.3f} ms/req"
+                          + (f"  (backend {cell.backend_cpu_ms:.3f})" if backend else ""),
+                          flush=True)
+        finally:
+            if router is not None:
+                router.terminate()
+                router.wait(10)
+    print()
+    print(f"{'target':8s} {'mode':6s} {'requests':>8s} {'errors':>6s} {'req/s':>7s} "
+          f"{'CPU ms/req':>10s} {'backend':>8s}")
+    for c in cells.values():
+        back = f"{c.backend_cpu_ms:8.3f}" if c.target == "router" else f"{'':8s}"
+        print(f"{c.target:8s} {c.mode:6s} {c.requests:8d} {c.errors:6d} {c.rate:7.1f} "
+              f"{c.cpu_ms:10.3f} {back}")
+    if not args.skip_router:
+        for mode in ("plain", "stream"):
+            ratio = cells["router", mode].cpu_ms / cells["replica", mode].cpu_ms
+            print(f"{mode}: replica capacity per core = {ratio:.2f}x the router's")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump([asdict(c) | {"cpu_ms": c.cpu_ms, "rate": c.rate} for c in cells.values()],
+                      fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
