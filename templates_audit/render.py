@@ -12,6 +12,14 @@ at two dates and see whether the template itself injects a volatile value.
 Message content given as a list of parts is flattened to its text parts joined by newlines, as vLLM
 does for templates that expect string content.
 
+The built-in default template is also rendered natively (`ChatRenderer.render_pieces`): for
+the requests it covers — no tools, no extra template variables, string contents, no tool calls —
+its output is, by construction of the template, one independent piece per message (each ending in
+a newline) plus the generation prompt, and the pieces joined are exactly what Jinja renders (tested
+against Jinja over many random message lists). Anything else, and every custom template, goes
+through Jinja. The pieces let the simulated replica reuse the token ids of a repeated leading
+message (a shared system prompt) instead of rendering and tokenising it again.
+
 Cost: compiling a template once (cached per source); rendering is linear in the output.
 """
 
@@ -28,7 +36,8 @@ from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-__all__ = ["DEFAULT_CHAT_TEMPLATE", "ChatRenderer", "TemplateError", "flatten_content"]
+__all__ = ["DEFAULT_CHAT_TEMPLATE", "GENERATION_PROMPT", "ChatRenderer", "TemplateError",
+           "flatten_content"]
 
 
 class TemplateError(ValueError):
@@ -66,6 +75,47 @@ DEFAULT_CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+
+
+_IM_START = "<|im_start|>"
+_IM_END_NL = "<|im_end|>\n"
+_TOOL_OPEN = "<|im_start|>user\n<tool_response>\n"
+_TOOL_CLOSE = "\n</tool_response><|im_end|>\n"
+GENERATION_PROMPT = "<|im_start|>assistant\n"  # the default template's generation prompt
+
+
+def _default_pieces(messages: Sequence[Mapping[str, Any]]) -> list[str] | None:
+    """DEFAULT_CHAT_TEMPLATE without tools, one piece per message; None when Jinja must decide.
+
+    Mirrors the template branch by branch: a leading system message is written by the header
+    (``'<|im_start|>system\n' + content + '<|im_end|>\n'``, the same shape as any other turn) and
+    skipped by the loop; ``tool`` messages are wrapped in ``<tool_response>``; other roles are
+    ``'<|im_start|>' + role + '\n' + (content or '') + '<|im_end|>\n'``. Only the cases where
+    that holds trivially are taken: string roles, string contents (a missing or null content
+    only where the template writes ``content or ''``), no truthy ``tool_calls``.
+    """
+    out: list[str] = []
+    for i, m in enumerate(messages):
+        role = m.get("role")
+        if type(role) is not str:
+            return None
+        content = m.get("content")
+        if isinstance(content, list):
+            content = flatten_content(content)
+        if role == "tool":
+            if type(content) is not str:
+                return None
+            out.append(_TOOL_OPEN + content + _TOOL_CLOSE)
+            continue
+        if type(content) is not str:
+            if content is not None or (i == 0 and role == "system"):
+                return None
+            content = ""
+        if m.get("tool_calls"):
+            if not (i == 0 and role == "system"):  # the header ignores a system turn's calls
+                return None
+        out.append(_IM_START + role + "\n" + content + _IM_END_NL)
+    return out
 
 
 class _GenerationTag(Extension):
@@ -145,6 +195,7 @@ class ChatRenderer:
         self.eos_token = eos_token
         self.clock = clock or _dt.datetime.now
         self.name = "chatml" if template is None else "custom"
+        self.native = self.source == DEFAULT_CHAT_TEMPLATE
 
     @classmethod
     def from_file(cls, path: str, **kwargs: Any) -> ChatRenderer:
@@ -171,6 +222,26 @@ class ChatRenderer:
     def with_clock(self, clock: Callable[[], _dt.datetime]) -> ChatRenderer:
         return ChatRenderer(self.source, bos_token=self.bos_token, eos_token=self.eos_token, clock=clock)
 
+    def render_pieces(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **extra: Any,
+    ) -> list[str] | None:
+        """The rendering as one piece per message, then the generation prompt (if asked for).
+
+        Only for the built-in default template, no tools and no extra variables, on messages it
+        renders independently (see `_default_pieces`); None otherwise (use `render`). Every
+        piece ends with a newline. ``"".join(pieces) == render(...)``.
+        """
+        if not self.native or tools or extra:
+            return None
+        pieces = _default_pieces(messages)
+        if pieces is not None and add_generation_prompt:
+            pieces.append(GENERATION_PROMPT)
+        return pieces
+
     def render(
         self,
         messages: Sequence[Mapping[str, Any]],
@@ -178,6 +249,19 @@ class ChatRenderer:
         add_generation_prompt: bool = True,
         **extra: Any,
     ) -> str:
+        pieces = self.render_pieces(messages, tools, add_generation_prompt, **extra)
+        if pieces is not None:
+            return "".join(pieces)
+        return self.render_jinja(messages, tools, add_generation_prompt, **extra)
+
+    def render_jinja(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **extra: Any,
+    ) -> str:
+        """`render` through the compiled Jinja template, always (the reference output)."""
         clock = self.clock
 
         def strftime_now(fmt: str) -> str:
