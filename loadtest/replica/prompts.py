@@ -1,24 +1,38 @@
-"""From a parsed request to prompt token ids and block hashes, memoised per request body.
+"""From a parsed request to prompt token ids and block hashes, memoised per body and per prefix.
 
 Chat messages are rendered with the chat template and tokenised; completion prompts are
 tokenised as they are (or taken as token ids). The result — ids, chained full-block hashes and
 the seed of the deterministic reply — depends only on the request body, so an LRU keyed by a
 128-bit hash of the body skips rendering, tokenising and hashing when a body repeats (load
 generators replay bodies). Templates that read the clock (``strftime_now``) are never memoised.
+
+Leading messages repeat far more often than whole bodies (one system prompt, many user turns; a
+conversation resends its history every turn). With the built-in template and the default
+tokeniser the prompt is assembled message by message: the template renders each message into an
+independent piece ending in a newline (`ChatRenderer.render_pieces`, checked against Jinja), and
+the default tokeniser never lets a token span a newline, so the ids of the joined text are the
+ids of the pieces concatenated; chained block hashes continue from the hash of the last full
+block before them. A second LRU keeps (ids, full-block hashes) of message prefixes — the first
+message alone, and all the messages of a request (the history of the next turn) — so a shared
+system prompt is neither rendered, tokenised nor hashed again: a request costs O(its new
+messages) plus copying the ids. Custom templates, tools, template variables and Hugging Face
+tokenisers (whose merges may cross a newline) take the whole-prompt path.
+
 Cost: O(prompt) on a miss, O(body bytes) to hash on a hit; memory bounded by ``memo_tokens``
-token ids (plus their block hashes) in all.
+token ids (plus their block hashes) per LRU.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import xxhash
 
 from templates_audit.blocks import block_hashes
 from templates_audit.render import ChatRenderer
-from templates_audit.tokenize import Tokenizer
+from templates_audit.tokenize import DefaultTokenizer, Tokenizer
 
 from .openai_api import Job, Kind
 from .text import prompt_seed
@@ -31,19 +45,98 @@ class Prompt:
     seed: int
 
 
+@dataclass(frozen=True)
+class _Prefix:
+    """Token ids of some leading pieces of a prompt and the chained hashes of their full blocks."""
+
+    ids: tuple[int, ...]
+    hashes: tuple[int, ...]
+
+
+_EMPTY = _Prefix((), ())
+
+
+class _Lru:
+    """An LRU of values with a token size, bounded by the sum of the sizes."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.used = 0
+        self._items: OrderedDict[object, tuple[int, object]] = OrderedDict()
+
+    def get(self, key: object) -> object | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        self._items.move_to_end(key)
+        return item[1]
+
+    def put(self, key: object, value: object, size: int) -> None:
+        if size > self.budget or key in self._items:
+            return
+        self._items[key] = (size, value)
+        self.used += size
+        while self.used > self.budget:
+            self.used -= self._items.popitem(last=False)[1][0]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 class Prompter:
     def __init__(self, renderer: ChatRenderer, tokenizer: Tokenizer, block_size: int,
                  memo_tokens: int = 1 << 21) -> None:
         self.renderer = renderer
         self.tokenizer = tokenizer
         self.block_size = block_size
-        self._memo: OrderedDict[bytes, Prompt] = OrderedDict()
-        self._memo_budget = memo_tokens if "strftime_now" not in renderer.source else 0
-        self._memo_used = 0
+        self._memo = _Lru(memo_tokens if "strftime_now" not in renderer.source else 0)
+        self._prefixes = _Lru(memo_tokens)
+        # Pieces can be tokenised one by one only if no token spans the newline ending each.
+        self._by_piece = isinstance(tokenizer, DefaultTokenizer)
         self._piece_ids: dict[str, tuple[int, ...]] = {}
 
+    # -- chat prompts, piece by piece --------------------------------------------------------
+    def _pieces(self, job: Job) -> list[str] | None:
+        if not self._by_piece or job.kind is not Kind.CHAT or job.tools or job.template_kwargs:
+            return None
+        return self.renderer.render_pieces(job.messages, None, True)
+
+    def _extend(self, base: _Prefix, pieces: Sequence[str]) -> _Prefix:
+        ids = list(base.ids)
+        encode = self.tokenizer.encode
+        for piece in pieces:
+            ids += encode(piece)
+        bs = self.block_size
+        known = len(base.hashes)
+        more = block_hashes(ids[known * bs:len(ids) // bs * bs], bs,
+                            parent=base.hashes[-1] if base.hashes else None)
+        return _Prefix(tuple(ids), base.hashes + tuple(more) if more else base.hashes)
+
+    def _assemble(self, pieces: list[str]) -> _Prefix:
+        """Ids and hashes of the pieces (messages, then the generation prompt) joined."""
+        msgs = len(pieces) - 1
+        base, done = _EMPTY, 0
+        for j in (msgs, msgs - 2, 1):   # same messages, the previous turn, the system prompt
+            if j >= 1:
+                hit = self._prefixes.get(tuple(pieces[:j]))
+                if hit is not None:
+                    assert isinstance(hit, _Prefix)
+                    base, done = hit, j
+                    break
+        if done == 0 and msgs >= 1:
+            base, done = self._extend(_EMPTY, pieces[:1]), 1
+            self._prefixes.put((pieces[0],), base, len(base.ids))
+        if done < msgs:
+            base = self._extend(base, pieces[done:msgs])
+            self._prefixes.put(tuple(pieces[:msgs]), base, len(base.ids))
+        return self._extend(base, pieces[msgs:])
+
+    # -- public --------------------------------------------------------------------------------
     def ids(self, job: Job) -> list[int]:
         if job.kind is Kind.CHAT:
+            pieces = self._pieces(job)
+            if pieces is not None:
+                return list(self._assemble(pieces).ids)
             text = self.renderer.render(list(job.messages), list(job.tools) if job.tools else None,
                                         True, **(job.template_kwargs or {}))
             return self.tokenizer.encode(text)
@@ -55,18 +148,19 @@ class Prompter:
         key = xxhash.xxh3_128_digest(body)
         hit = self._memo.get(key)
         if hit is not None:
-            self._memo.move_to_end(key)
+            assert isinstance(hit, Prompt)
             return hit
-        ids = self.ids(job)
-        hashes = block_hashes(ids, self.block_size)
+        pieces = self._pieces(job)
+        if pieces is not None:
+            pre = self._assemble(pieces)
+            ids, hashes = pre.ids, pre.hashes
+        else:
+            ids = tuple(self.ids(job))
+            hashes = tuple(block_hashes(ids, self.block_size))
         # The chained hashes already summarise the full blocks; only the tail needs hashing.
         tail = ids[len(hashes) * self.block_size:]
-        out = Prompt(tuple(ids), tuple(hashes), prompt_seed(tail, hashes[-1] if hashes else 0))
-        if len(ids) <= self._memo_budget:
-            self._memo[key] = out
-            self._memo_used += len(ids)
-            while self._memo_used > self._memo_budget:
-                self._memo_used -= len(self._memo.popitem(last=False)[1].ids)
+        out = Prompt(ids, hashes, prompt_seed(tail, hashes[-1] if hashes else 0))
+        self._memo.put(key, out, len(ids))
         return out
 
     def reply_ids(self, pieces: list[str]) -> list[int]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+from typing import Any
+
 from loadtest.replica.openai_api import parse_chat, parse_completion
 from loadtest.replica.prompts import Prompter
 from templates_audit.blocks import block_hashes
@@ -41,3 +44,44 @@ def test_reply_ids_match_tokenising_the_whole_reply() -> None:
     p = Prompter(ChatRenderer(), TOK, 16)
     pieces = ["cache", " warm", " hit", " block"]
     assert p.reply_ids(pieces) == TOK.encode("".join(pieces))
+
+
+def _whole(job_body: dict[str, Any]) -> tuple[list[int], list[int]]:
+    ids = TOK.encode(ChatRenderer().render_jinja(job_body["messages"]))
+    return ids, block_hashes(ids, 16)
+
+
+def test_prompts_assembled_message_by_message_equal_the_whole_prompt() -> None:
+    rng = random.Random(5)
+    systems = ["You are a help desk. " * n + "\nCite sections.\n" for n in (1, 7, 30)]
+    words = ["reset", "password", "\n", "<|im_end|>", "é", "42", "  ", "the", "block"]
+    for memo_tokens in (1 << 21, 300, 0):   # room for everything, constant eviction, none
+        p = Prompter(ChatRenderer(), TOK, 16, memo_tokens=memo_tokens)
+        conversations: list[list[dict[str, Any]]] = []
+        for i in range(400):
+            if conversations and rng.random() < 0.5:   # the next turn of an earlier conversation
+                msgs = rng.choice(conversations)
+                msgs += [{"role": "assistant", "content": " ".join(rng.choices(words, k=9))},
+                         {"role": "user", "content": " ".join(rng.choices(words, k=5))}]
+            else:
+                msgs = [{"role": "system", "content": rng.choice(systems)}] if rng.random() < 0.8 else []
+                msgs.append({"role": "user", "content": " ".join(rng.choices(words, k=rng.randint(0, 30)))})
+                conversations.append(msgs)
+            body = {"messages": [dict(m) for m in msgs]}
+            ids, hashes = _whole(body)
+            prompt = p.prompt(parse_chat(body, 4), f"{memo_tokens}-{i}".encode())
+            assert list(prompt.ids) == ids and list(prompt.hashes) == hashes
+            assert p.ids(parse_chat(body, 4)) == ids
+
+
+def test_custom_templates_tools_and_hf_shapes_take_the_whole_prompt_path() -> None:
+    tmpl = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+    body = {"messages": [{"role": "system", "content": "Be brief. " * 20},
+                         {"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}]}
+    for renderer, data in ((ChatRenderer(tmpl), body), (ChatRenderer(), body)):
+        p = Prompter(renderer, TOK, 16)
+        prompt = p.prompt(parse_chat(data, 4), b"x")
+        expected = TOK.encode(renderer.render_jinja(data["messages"], data["tools"]))
+        assert list(prompt.ids) == expected
+        assert list(prompt.hashes) == block_hashes(expected, 16)
