@@ -25,7 +25,6 @@ token ids (plus their block hashes) per LRU.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import xxhash
@@ -47,13 +46,17 @@ class Prompt:
 
 @dataclass(frozen=True)
 class _Prefix:
-    """Token ids of some leading pieces of a prompt and the chained hashes of their full blocks."""
+    """The leading ``n`` token ids of a prompt and the chained hashes of their full blocks.
+
+    ``ids`` and ``hashes`` are those of the whole prompt the prefix was cut from (shared, not
+    copied): only ``ids[:n]`` and ``hashes[:n // block_size]`` belong to the prefix."""
 
     ids: tuple[int, ...]
     hashes: tuple[int, ...]
+    n: int
 
 
-_EMPTY = _Prefix((), ())
+_EMPTY = _Prefix((), (), 0)
 
 
 class _Lru:
@@ -101,42 +104,41 @@ class Prompter:
             return None
         return self.renderer.render_pieces(job.messages, None, True)
 
-    def _extend(self, base: _Prefix, pieces: Sequence[str]) -> _Prefix:
-        ids = list(base.ids)
-        encode = self.tokenizer.encode
-        for piece in pieces:
-            ids += encode(piece)
-        bs = self.block_size
-        known = len(base.hashes)
-        more = block_hashes(ids[known * bs:len(ids) // bs * bs], bs,
-                            parent=base.hashes[-1] if base.hashes else None)
-        return _Prefix(tuple(ids), base.hashes + tuple(more) if more else base.hashes)
-
-    def _assemble(self, pieces: list[str]) -> _Prefix:
-        """Ids and hashes of the pieces (messages, then the generation prompt) joined."""
+    def _assemble(self, pieces: list[str]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Ids and full-block hashes of the pieces (messages, then the generation prompt) joined."""
         msgs = len(pieces) - 1
+        prefixes = self._prefixes
         base, done = _EMPTY, 0
         for j in (msgs, msgs - 2, 1):   # same messages, the previous turn, the system prompt
             if j >= 1:
-                hit = self._prefixes.get(tuple(pieces[:j]))
+                hit = prefixes.get(tuple(pieces[:j]))
                 if hit is not None:
                     assert isinstance(hit, _Prefix)
                     base, done = hit, j
                     break
-        if done == 0 and msgs >= 1:
-            base, done = self._extend(_EMPTY, pieces[:1]), 1
-            self._prefixes.put((pieces[0],), base, len(base.ids))
-        if done < msgs:
-            base = self._extend(base, pieces[done:msgs])
-            self._prefixes.put(tuple(pieces[:msgs]), base, len(base.ids))
-        return self._extend(base, pieces[msgs:])
+        bs = self.block_size
+        ids = list(base.ids[:base.n])
+        known = base.hashes[:base.n // bs]
+        encode = self.tokenizer.encode
+        cut: list[tuple[int, int]] = []   # (pieces, ids) of the prefixes to remember
+        for k in range(done, len(pieces)):
+            ids += encode(pieces[k])
+            if k + 1 == 1 or k + 1 == msgs:
+                cut.append((k + 1, len(ids)))
+        more = block_hashes(ids[len(known) * bs:len(ids) // bs * bs], bs,
+                            parent=known[-1] if known else None)
+        hashes = known + tuple(more) if more else known
+        out = tuple(ids)
+        for j, n in cut:
+            prefixes.put(tuple(pieces[:j]), _Prefix(out, hashes, n), len(out))
+        return out, hashes
 
     # -- public --------------------------------------------------------------------------------
     def ids(self, job: Job) -> list[int]:
         if job.kind is Kind.CHAT:
             pieces = self._pieces(job)
             if pieces is not None:
-                return list(self._assemble(pieces).ids)
+                return list(self._assemble(pieces)[0])
             text = self.renderer.render(list(job.messages), list(job.tools) if job.tools else None,
                                         True, **(job.template_kwargs or {}))
             return self.tokenizer.encode(text)
@@ -152,8 +154,7 @@ class Prompter:
             return hit
         pieces = self._pieces(job)
         if pieces is not None:
-            pre = self._assemble(pieces)
-            ids, hashes = pre.ids, pre.hashes
+            ids, hashes = self._assemble(pieces)
         else:
             ids = tuple(self.ids(job))
             hashes = tuple(block_hashes(ids, self.block_size))
