@@ -5,14 +5,21 @@ to answer); the `*_response` and `*_chunk` functions build the JSON objects. Err
 `ApiError(status, message)` and render as vLLM's error object. A chat prompt is the chat
 template's rendering of the messages; a completion prompt is the raw string (or token ids),
 tokenised without a template.
+
+The hot responses are also built directly as JSON text from fixed fragments (`encode_full`,
+`StreamEncoder`): the same bytes as compact `json.dumps` of the dict shapes (tested), without
+building the dicts or running the generic encoder for every chunk.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+_str: Any = json.encoder.encode_basestring  # type: ignore[attr-defined]  # str -> JSON, non-ASCII kept
 
 
 class Kind(StrEnum):
@@ -150,6 +157,58 @@ def usage_chunk(kind: Kind, env: Envelope, usage: dict[str, Any]) -> dict[str, A
     out["choices"] = []
     out["usage"] = usage
     return out
+
+
+def encode_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> str:
+    """The JSON text of `usage_json`."""
+    return (f'{{"prompt_tokens":{prompt_tokens},"total_tokens":{prompt_tokens + completion_tokens},'
+            f'"completion_tokens":{completion_tokens},'
+            f'"prompt_tokens_details":{{"cached_tokens":{cached_tokens}}}}}')
+
+
+def _head(env: Envelope, obj: str) -> str:
+    return (f'{{"id":{_str(env.id)},"object":"{obj}","created":{env.created:d},'
+            f'"model":{_str(env.model)},"system_fingerprint":{_str(env.fingerprint)}')
+
+
+def encode_full(kind: Kind, env: Envelope, text: str, finish_reason: str, usage: str) -> str:
+    """The JSON text of `full_response` (``usage`` from `encode_usage`)."""
+    if kind is Kind.CHAT:
+        return (_head(env, "chat.completion")
+                + ',"choices":[{"index":0,"message":{"role":"assistant","content":' + _str(text)
+                + ',"tool_calls":[]},"logprobs":null,"finish_reason":' + _str(finish_reason)
+                + ',"stop_reason":null}],"usage":' + usage + "}")
+    return (_head(env, "text_completion") + ',"choices":[{"index":0,"text":' + _str(text)
+            + ',"logprobs":null,"finish_reason":' + _str(finish_reason)
+            + ',"stop_reason":null}],"usage":' + usage + "}")
+
+
+class StreamEncoder:
+    """The JSON texts of one request's `chunk`s and `usage_chunk`: its head encoded once."""
+
+    def __init__(self, kind: Kind, env: Envelope) -> None:
+        self.kind = kind
+        self._head = _head(env, "chat.completion.chunk" if kind is Kind.CHAT else "text_completion")
+        if kind is Kind.CHAT:
+            self._open = self._head + ',"choices":[{"index":0,"delta":{'
+            self._close = '},"logprobs":null,"finish_reason":'
+        else:
+            self._open = self._head + ',"choices":[{"index":0,"text":'
+            self._close = ',"logprobs":null,"finish_reason":'
+
+    def chunk(self, text: str | None, finish_reason: str | None = None, *,
+              role: bool = False) -> str:
+        end = "null}]}" if finish_reason is None else _str(finish_reason) + "}]}"
+        if self.kind is not Kind.CHAT:
+            return self._open + _str(text or "") + self._close + end
+        if text is None:
+            delta = '"role":"assistant"' if role else ""
+        else:
+            delta = ('"role":"assistant","content":' if role else '"content":') + _str(text)
+        return self._open + delta + self._close + end
+
+    def usage_chunk(self, usage: str) -> str:
+        return self._head + ',"choices":[],"usage":' + usage + "}"
 
 
 def models_response(model: str, root: str, max_model_len: int, created: int) -> dict[str, Any]:

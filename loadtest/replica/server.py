@@ -33,7 +33,6 @@ from .asgi import (
     Receive,
     Scope,
     Send,
-    dumps,
     parse_json,
     race_disconnect,
     read_body,
@@ -132,6 +131,8 @@ class Replica:
             ("GET", "/get_model_info"): self._model_info,
         }
         self._headers = [(b"x-replica-name", config.name.encode())]
+        self._sse_headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
+                             (b"cache-control", b"no-cache"), *self._headers]
         self._bearer = f"Bearer {config.api_key}".encode() if config.api_key else None
 
     # -- state -----------------------------------------------------------------------------------
@@ -290,17 +291,16 @@ class Replica:
         if job.stream:
             await self._stream(job, env, pieces, None, send, usage)
             return
-        text = "".join(pieces)
-        u = openai_api.usage_json(usage.prompt_tokens, usage.completion_tokens,
-                                  usage.cached_tokens)
-        payload = dumps(openai_api.full_response(job.kind, env, text, usage.finish_reason, u))
-        stop = self.faults.spec.stop_after
-        if stop is None:
-            await send_bytes(send, 200, payload, "application/json", self._headers)
+        u = openai_api.encode_usage(usage.prompt_tokens, usage.completion_tokens,
+                                    usage.cached_tokens)
+        payload = openai_api.encode_full(job.kind, env, "".join(pieces), usage.finish_reason,
+                                         u).encode()
+        headers = [(b"content-type", b"application/json"),
+                   (b"content-length", str(len(payload)).encode()), *self._headers]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        if self.faults.spec.stop_after is None:
+            await send({"type": "http.response.body", "body": payload})
             return
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(payload)).encode()), *self._headers]})
         await send({"type": "http.response.body", "body": payload[: len(payload) // 2],
                     "more_body": True})
         raise AbruptClose
@@ -308,12 +308,25 @@ class Replica:
     async def _stream(self, job: Job, env: Envelope, pieces: list[str], handle: RequestHandle | None,
                       send: Send, usage: Usage | None = None) -> None:
         stop_after = self.faults.spec.stop_after
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache"), *self._headers]})
+        await send({"type": "http.response.start", "status": 200, "headers": self._sse_headers})
+        enc = openai_api.StreamEncoder(job.kind, env)
+        last = job.max_tokens - 1
+        chat = job.kind is Kind.CHAT
+        if handle is None and stop_after is None:
+            # Instant replies are complete up front: the whole stream in one write.
+            assert usage is not None
+            events = [enc.chunk("", role=True)] if chat else []
+            events += [enc.chunk(pieces[i], "length" if i == last else None)
+                       for i in range(job.max_tokens)]
+            if job.include_usage:
+                events.append(enc.usage_chunk(openai_api.encode_usage(
+                    usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)))
+            events.append("[DONE]")
+            await send({"type": "http.response.body",
+                        "body": ("data: " + "\n\ndata: ".join(events) + "\n\n").encode()})
+            return
         sent = 0
-        # Instant replies are complete up front: one write instead of one per event.
-        buffer: list[bytes] | None = [] if handle is None else None
+        buffer: list[bytes] | None = [] if handle is None else None   # instant: one write
 
         async def flush() -> None:
             if buffer:
@@ -321,29 +334,28 @@ class Replica:
                             "more_body": True})
                 buffer.clear()
 
-        async def emit(obj: dict[str, Any] | None) -> None:
+        async def emit(event: str | None) -> None:
             nonlocal sent
             if stop_after is not None and sent >= stop_after:
                 await flush()
                 raise AbruptClose
-            data = SSE_DONE if obj is None else b"data: " + dumps(obj) + b"\n\n"
+            data = SSE_DONE if event is None else ("data: " + event + "\n\n").encode()
             if buffer is not None:
                 buffer.append(data)
             else:
                 await send({"type": "http.response.body", "body": data, "more_body": True})
             sent += 1
 
-        last = job.max_tokens - 1
         indices = handle.tokens() if handle is not None else _count(job.max_tokens)
         async for i in indices:
-            if i == 0 and job.kind is Kind.CHAT:
-                await emit(openai_api.chunk(job.kind, env, "", role=True))
-            await emit(openai_api.chunk(job.kind, env, pieces[i], "length" if i == last else None))
+            if i == 0 and chat:
+                await emit(enc.chunk("", role=True))
+            await emit(enc.chunk(pieces[i], "length" if i == last else None))
         if handle is not None:
             usage = handle.usage
         assert usage is not None
         if job.include_usage:
-            await emit(openai_api.usage_chunk(job.kind, env, openai_api.usage_json(
+            await emit(enc.usage_chunk(openai_api.encode_usage(
                 usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)))
         await emit(None)
         await send({"type": "http.response.body", "body": b"".join(buffer or ()),
