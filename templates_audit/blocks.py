@@ -26,15 +26,21 @@ What vLLM (V1 engine, ``--enable-prefix-caching``) does, and what this module re
   block takes it back out of the free queue.
 * KV usage is ``1 - free / total`` (cached-but-unreferenced blocks count as free, as in vLLM).
 
-Costs: hashing O(tokens); lookup O(hit blocks); allocate/free O(blocks of the request).
+Costs: hashing O(tokens); lookup O(hit blocks); allocate/free O(blocks of the request), done
+with batch operations on dicts (``map``/``dict.update`` loops run in C, not one Python step per
+block). :meth:`PrefixCache.insert` with nothing pinned (a sequential replay, as the auditor's)
+skips the reference counts altogether.
 ``num_blocks=None`` gives an unbounded pool (the auditor's one-replica, infinite-cache projection).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import compress, filterfalse, islice, repeat
+from operator import is_
+from typing import cast
 
 import xxhash
 
@@ -90,8 +96,31 @@ class Allocation:
     freed: bool = field(default=False)
 
 
+_SMALL = 8  # blocks: fewer are handled by plain loops, more by batch operations
+
+
+def _drain(it: Iterable[object]) -> None:
+    """Run an iterator of calls to completion in C (``deque(..., maxlen=0)``)."""
+    deque(it, maxlen=0)
+
+
 class PrefixCache:
-    """vLLM's KV block pool with prefix caching (see the module docstring for the rules)."""
+    """vLLM's KV block pool with prefix caching (see the module docstring for the rules).
+
+    State: ``_cached`` (hash -> block) and ``_hash`` (block -> hash or None) are one bijection over
+    the cached blocks; ``_ref`` holds the reference count of every pinned block (absent: 0) and
+    ``_multi`` how many of them are pinned more than once; a bounded pool keeps every unpinned
+    block in the ``_free`` queue (eviction order, head first), an unbounded one recycles uncached
+    unpinned blocks from ``_spare``.
+
+    Per-block work runs as C loops (``map`` over dict/list methods drained by a zero-length
+    deque, ``dict.update``) rather than one Python step per block. :meth:`insert` with nothing
+    pinned — a sequential replay, as the auditor's — also skips the reference counts and keeps
+    every block in the free queue, reordering it with ``move_to_end`` (much cheaper in CPython's
+    ``OrderedDict`` than removing and re-adding keys); the resulting state is the one
+    ``allocate`` + ``cache_full_blocks`` + ``free`` produce (a test replays random traces both
+    ways).
+    """
 
     def __init__(self, num_blocks: int | None, block_size: int) -> None:
         if block_size <= 0:
@@ -100,14 +129,14 @@ class PrefixCache:
             raise ValueError(f"num_blocks must be > 0 or None, got {num_blocks}")
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self._ref: list[int] = []
+        self._ref: dict[int, int] = {}
+        self._multi = 0
         self._hash: list[int | None] = []
         self._cached: dict[int, int] = {}  # block hash -> block id
         # Free blocks in eviction order (head evicted first). Never-used blocks come first.
         self._free: OrderedDict[int, None] = OrderedDict()
         self._spare: list[int] = []  # unbounded pool only: uncached blocks to recycle
         if num_blocks is not None:
-            self._ref = [0] * num_blocks
             self._hash = [None] * num_blocks
             self._free = OrderedDict.fromkeys(range(num_blocks))
         self.hits = 0  # tokens, as vLLM's prefix_cache_hits counter
@@ -117,14 +146,22 @@ class PrefixCache:
     # -- queries -----------------------------------------------------------------------------
     def _hit_blocks(self, hashes: Sequence[int], num_tokens: int) -> list[int]:
         limit = min(len(hashes), max(num_tokens - 1, 0) // self.block_size)
-        found: list[int] = []
-        cached = self._cached
+        if limit <= 0:
+            return []
+        get = self._cached.get
+        if get(hashes[limit - 1]) is not None:
+            # The last block is cached, so most likely all are: look them up in one C pass.
+            found = list(map(get, islice(hashes, limit)))
+            if None in found:
+                del found[found.index(None):]
+            return found  # type: ignore[return-value]  # the Nones are cut off
+        out: list[int] = []
         for i in range(limit):
-            bid = cached.get(hashes[i])
+            bid = get(hashes[i])
             if bid is None:
                 break
-            found.append(bid)
-        return found
+            out.append(bid)
+        return out
 
     def cached_prefix_tokens(self, hashes: Sequence[int], num_tokens: int) -> int:
         """Tokens vLLM would take from the cache for a prompt of ``num_tokens`` with ``hashes``."""
@@ -144,21 +181,43 @@ class PrefixCache:
         return -(-num_tokens // self.block_size)
 
     # -- allocation ----------------------------------------------------------------------------
-    def _take_free(self) -> int:
+    def _evict(self, taken: list[int]) -> None:
+        """Drop the cached content of ``taken`` (blocks about to hold new tokens)."""
+        hashd = self._hash
+        olds = list(map(hashd.__getitem__, taken))
+        evicted = len(olds) - olds.count(None)
+        if evicted:
+            self.evictions += evicted
+            # pop(None, None) is a no-op for the blocks that held nothing.
+            _drain(map(self._cached.pop, cast("list[int]", olds), repeat(None)))
+            _drain(map(hashd.__setitem__, taken, repeat(None)))
+
+    def _new_blocks(self, need: int) -> list[int]:
+        """Unbounded pool: ``need`` uncached blocks, recycled (last freed first) or new."""
+        spare = self._spare
+        k = min(need, len(spare))
+        taken: list[int] = []
+        if k:
+            cut = len(spare) - k
+            taken = spare[cut:]
+            taken.reverse()  # popped from the end, one at a time
+            del spare[cut:]
+        if need > k:
+            first = len(self._hash)
+            self._hash.extend([None] * (need - k))
+            taken.extend(range(first, first + need - k))
+        return taken
+
+    def _take(self, need: int) -> list[int]:
+        """``need`` blocks for new content, out of the free queue's head (the caller checked
+        that there are enough), their old hashes evicted; pinned by the caller."""
         if self.num_blocks is None:  # unbounded: never evict, recycle uncached blocks
-            if self._spare:
-                return self._spare.pop()
-            self._ref.append(0)
-            self._hash.append(None)
-            return len(self._ref) - 1
-        bid, _ = self._free.popitem(last=False)
-        old = self._hash[bid]
-        if old is not None:
-            if self._cached.get(old) == bid:
-                del self._cached[old]
-            self._hash[bid] = None
-            self.evictions += 1
-        return bid
+            return self._new_blocks(need)
+        free = self._free
+        taken = list(islice(free, need))
+        _drain(map(free.__delitem__, taken))
+        self._evict(taken)
+        return taken
 
     def allocate(self, hashes: Sequence[int], num_tokens: int, record: bool = True) -> Allocation | None:
         """Pin the cached prefix and allocate blocks for the rest of the prompt.
@@ -167,27 +226,42 @@ class PrefixCache:
         counts the request in ``hits``/``queries`` (vLLM records once per scheduled request).
         """
         hit = self._hit_blocks(hashes, num_tokens)
-        need = self.blocks_for(num_tokens) - len(hit)
-        if self.num_blocks is not None:
+        nhit = len(hit)
+        need = self.blocks_for(num_tokens) - nhit
+        ref = self._ref
+        bounded = self.num_blocks is not None
+        pins = dict.fromkeys(hit, 1)
+        # No hit block pinned yet and none twice: pin them all at once.
+        fast = len(pins) == nhit and ref.keys().isdisjoint(pins)
+        if bounded:
             # Pinning a free hit block takes it out of the free queue: it is not spare.
-            hit_free = sum(1 for b in hit if self._ref[b] == 0)
+            hit_free = nhit if fast else sum(1 for b in hit if b not in ref)
             if need > len(self._free) - hit_free:
                 return None
-        for b in hit:
-            if self._ref[b] == 0:
-                self._free.pop(b, None)
-            self._ref[b] += 1
-        blocks = list(hit)
-        for _ in range(need):
-            bid = self._take_free()
-            self._ref[bid] = 1
-            blocks.append(bid)
-        hit_tokens = len(hit) * self.block_size
+        if fast:
+            if bounded:
+                _drain(map(self._free.__delitem__, hit))
+            ref.update(pins)
+        else:
+            for b in hit:
+                c = ref.get(b, 0)
+                if c == 0:
+                    if bounded:
+                        self._free.pop(b, None)
+                elif c == 1:
+                    self._multi += 1
+                ref[b] = c + 1
+        blocks = hit
+        if need > 0:
+            taken = self._take(need)
+            ref.update(dict.fromkeys(taken, 1))
+            blocks = hit + taken
+        hit_tokens = nhit * self.block_size
         if record:
             self.queries += num_tokens
             self.hits += hit_tokens
         return Allocation(blocks=blocks, num_tokens=num_tokens, hit_tokens=hit_tokens,
-                          cached_upto=len(hit))
+                          cached_upto=nhit)
 
     def extend(self, alloc: Allocation, num_tokens: int) -> bool:
         """Grow ``alloc`` to hold ``num_tokens`` (decode). False when the pool is exhausted."""
@@ -195,43 +269,119 @@ class PrefixCache:
         if need > 0:
             if self.num_blocks is not None and need > len(self._free):
                 return False
-            for _ in range(need):
-                bid = self._take_free()
-                self._ref[bid] = 1
-                alloc.blocks.append(bid)
+            taken = self._take(need)
+            self._ref.update(dict.fromkeys(taken, 1))
+            alloc.blocks.extend(taken)
         alloc.num_tokens = max(alloc.num_tokens, num_tokens)
         return True
 
+    def _register(self, hashes: Sequence[int], blocks: Sequence[int]) -> None:
+        """Cache ``blocks[i]`` under ``hashes[i]`` unless the hash is already cached (vLLM keeps
+        the first identical block). The blocks hold no hash: past an allocation's ``cached_upto``
+        every block came out of :meth:`_take` uncached, and nothing caches it but its owner."""
+        cached = self._cached
+        # Built backwards, so the first of equal hashes in this request is the one kept.
+        new = dict(zip(reversed(hashes), reversed(blocks), strict=True))
+        if not cached.keys().isdisjoint(new):
+            for h in cached.keys() & new.keys():
+                del new[h]
+        cached.update(new)
+        _drain(map(self._hash.__setitem__, new.values(), new.keys()))
+
     def cache_full_blocks(self, alloc: Allocation, hashes: Sequence[int]) -> None:
         """Register the computed full blocks of ``alloc`` (prompt and generated) for reuse."""
+        start = alloc.cached_upto
         upto = min(len(hashes), len(alloc.blocks))
-        for i in range(alloc.cached_upto, upto):
-            h = hashes[i]
-            bid = alloc.blocks[i]
-            if h in self._cached or self._hash[bid] is not None:
-                continue  # an identical block is already cached (vLLM keeps the first)
-            self._hash[bid] = h
-            self._cached[h] = bid
-        alloc.cached_upto = max(alloc.cached_upto, upto)
+        if upto > start:
+            self._register(hashes[start:upto], alloc.blocks[start:upto])
+            alloc.cached_upto = upto
 
     def free(self, alloc: Allocation) -> None:
         """Release ``alloc``; its cached blocks stay reusable until evicted (tail first)."""
         if alloc.freed:
             return
         alloc.freed = True
+        ref = self._ref
+        bounded = self.num_blocks is not None
+        if not self._multi:  # every pinned block is pinned once: all of these become free
+            blocks = alloc.blocks
+            _drain(map(ref.__delitem__, blocks))
+            if bounded:
+                self._free.update(zip(reversed(blocks), repeat(None)))
+            else:
+                self._recycle(blocks)
+            return
         for bid in reversed(alloc.blocks):
-            self._ref[bid] -= 1
-            if self._ref[bid] == 0:
-                if self.num_blocks is not None:
-                    self._free[bid] = None
-                elif self._hash[bid] is None:
-                    self._spare.append(bid)
+            c = ref[bid]
+            if c > 1:
+                ref[bid] = c - 1
+                if c == 2:
+                    self._multi -= 1
+                continue
+            del ref[bid]
+            if bounded:
+                self._free[bid] = None
+            elif self._hash[bid] is None:
+                self._spare.append(bid)
+
+    def _recycle(self, blocks: list[int]) -> None:
+        """Unbounded pool: the uncached ones of freed ``blocks`` become spare, tail first."""
+        rev = blocks[::-1]
+        self._spare.extend(compress(rev, map(is_, map(self._hash.__getitem__, rev), repeat(None))))
 
     def insert(self, hashes: Sequence[int], num_tokens: int, record: bool = True) -> int:
         """Serve one request start to finish (allocate, cache its full blocks, free); its hit tokens.
 
         The auditor's projection of one replica is a loop over this call in trace order.
         """
+        if self._ref or self.num_blocks is None:  # requests are running, or unbounded
+            return self._insert_pinned(hashes, num_tokens, record)
+        hit = self._hit_blocks(hashes, num_tokens)
+        nhit = len(hit)
+        hit_set = set(hit) if nhit > 1 else hit
+        if len(hit_set) != nhit:  # one block twice (equal hashes): the general path
+            return self._insert_pinned(hashes, num_tokens, record)
+        bs = self.block_size
+        need = -(-num_tokens // bs) - nhit
+        free = self._free
+        if need > len(free) - nhit:
+            return 0
+        if need > 0:
+            # The head of the free queue, hit blocks excluded (they are pinned first).
+            head = islice(free, need + nhit)
+            taken = list(islice(filterfalse(hit_set.__contains__, head), need) if nhit else head)
+            hashd, cached = self._hash, self._cached
+            upto = min(len(hashes), nhit + need)
+            if need <= _SMALL:
+                for bid in taken:
+                    old = hashd[bid]
+                    if old is not None:
+                        self.evictions += 1
+                        del cached[old]
+                        hashd[bid] = None
+                for i in range(nhit, upto):
+                    h = hashes[i]
+                    if h not in cached:
+                        bid = taken[i - nhit]
+                        cached[h] = bid
+                        hashd[bid] = h
+            else:
+                self._evict(taken)
+                if upto > nhit:
+                    self._register(hashes[nhit:upto], taken[:upto - nhit])
+            # Freed tail first: the blocks end up at the free queue's tail in reverse order.
+            move = free.move_to_end
+            for bid in reversed(taken):
+                move(bid)
+        if nhit:
+            _drain(map(free.move_to_end, reversed(hit)))
+        hit_tokens = nhit * bs
+        if record:
+            self.queries += num_tokens
+            self.hits += hit_tokens
+        return hit_tokens
+
+    def _insert_pinned(self, hashes: Sequence[int], num_tokens: int, record: bool) -> int:
         alloc = self.allocate(hashes, num_tokens, record=record)
         if alloc is None:
             return 0
