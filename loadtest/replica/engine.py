@@ -239,24 +239,46 @@ class Engine:
         return RequestHandle(self, seq)
 
     def serve_instant(self, req: EngineRequest) -> Usage:
-        """No timing: admit, count, generate, cache and free in one call."""
-        seq = self._new_seq(req)
-        seq.generated = req.max_tokens
-        self._extend_ids(seq)
-        capped = seq.hashes[: (seq.prompt_len - 1) // self.limits.block_size]
-        alloc = self.cache.allocate(capped, seq.num_tokens, record=False)
+        """No timing: admit, count, generate, cache and free in one call.
+
+        The pool sees what a timed request does over its life, in the same order: allocate the
+        prompt plus every generated token (hit capped below the prompt's length), register every
+        computed full block — prompt and generated, all but the last token, whose KV is never
+        computed — then free. No per-request sequence object, no copy of the prompt.
+        """
+        self._check(req)
+        bs = self.limits.block_size
+        prompt = req.prompt_ids
+        n = len(prompt)
+        total = n + req.max_tokens
+        hashes = (req.prompt_hashes if req.prompt_hashes is not None
+                  else block_hashes(prompt, bs))
+        capped = hashes[: (n - 1) // bs]
+        cache = self.cache
+        alloc = cache.allocate(capped, total, record=False)
         if alloc is None:  # only concurrent timed requests could pin blocks; count anyway
-            hit = self.cache.cached_prefix_tokens(capped, seq.prompt_len)
+            hit = cache.cached_prefix_tokens(capped, n)
         else:
             hit = alloc.hit_tokens
-            seq.alloc, seq.computed = alloc, seq.num_tokens - 1
-            self._release(seq)
-        self.stats.queries += seq.prompt_len
-        self.stats.hits += hit
-        self.stats.prompt_tokens += seq.prompt_len
-        self.stats.generation_tokens += seq.generated
-        self.stats.finished += 1
-        return Usage(seq.prompt_len, seq.generated, hit)
+            full = (total - 1) // bs
+            if full > alloc.cached_upto:
+                if len(hashes) < full:
+                    start = len(hashes) * bs
+                    gen = list(req.output_ids[: req.max_tokens])
+                    # Padding keeps block hashes defined when the text tokenised shorter.
+                    gen += [0] * (req.max_tokens - len(gen))
+                    more = [*prompt[start:], *gen][: full * bs - start]
+                    hashes = [*hashes, *block_hashes(more, bs,
+                                                     parent=hashes[-1] if hashes else None)]
+                cache.cache_full_blocks(alloc, hashes if len(hashes) == full else hashes[:full])
+            cache.free(alloc)
+        st = self.stats
+        st.queries += n
+        st.hits += hit
+        st.prompt_tokens += n
+        st.generation_tokens += req.max_tokens
+        st.finished += 1
+        return Usage(n, req.max_tokens, hit)
 
     def abort(self, seq: _Seq) -> bool:
         """Drop a request (client went away). False when it had already finished."""

@@ -68,6 +68,11 @@ class Verdict:
     status: int = 200
 
 
+_SERVE = Verdict(Action.SERVE)
+_HANG = Verdict(Action.HANG)
+_EXIT = Verdict(Action.EXIT)
+
+
 class Faults:
     """The current spec plus the request counter and RNG its draws use."""
 
@@ -84,9 +89,9 @@ class Faults:
         spec = self.spec
         self._since_set += 1
         if spec.exit_after is not None and self._since_set >= spec.exit_after:
-            return Verdict(Action.EXIT)
+            return _EXIT
         if spec.error_rate and self._rng.random() < spec.error_rate:
             return Verdict(Action.ERROR, spec.error_status)
         if spec.hang_rate and self._rng.random() < spec.hang_rate:
-            return Verdict(Action.HANG)
-        return Verdict(Action.SERVE)
+            return _HANG
+        return _SERVE

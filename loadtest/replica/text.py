@@ -24,11 +24,26 @@ def prompt_seed(token_ids: Sequence[int], parent: int = 0) -> int:
     return xxhash.xxh3_64_intdigest(array("q", token_ids).tobytes(), seed=parent)
 
 
+_SPACED = tuple(" " + w for w in _WORDS)
+_INDEX = [i.to_bytes(8, "little") for i in range(64)]   # the hashed bytes of small indices
+
+
+def _index_bytes(index: int) -> bytes:
+    return _INDEX[index] if index < len(_INDEX) else index.to_bytes(8, "little")
+
+
 def token_text(seed: int, index: int) -> str:
-    word = _WORDS[xxhash.xxh64_intdigest(index.to_bytes(8, "little"), seed=seed) % len(_WORDS)]
-    return word if index == 0 else " " + word
+    k = xxhash.xxh64_intdigest(_index_bytes(index), seed=seed) % len(_WORDS)
+    return _WORDS[k] if index == 0 else _SPACED[k]
 
 
 def completion_pieces(seed: int, num_tokens: int) -> list[str]:
     """The completion's text, one piece per token (what each stream chunk carries)."""
-    return [token_text(seed, i) for i in range(num_tokens)]
+    if num_tokens <= 0:
+        return []
+    if num_tokens > len(_INDEX):
+        return [token_text(seed, i) for i in range(num_tokens)]
+    digest, n = xxhash.xxh64_intdigest, len(_WORDS)
+    out = [_SPACED[digest(b, seed=seed) % n] for b in _INDEX[:num_tokens]]
+    out[0] = out[0][1:]   # the first token has no leading space
+    return out

@@ -8,7 +8,7 @@ from typing import TypeVar
 
 import pytest
 
-from loadtest.replica.engine import Engine, EngineError, EngineLimits, EngineRequest
+from loadtest.replica.engine import Engine, EngineError, EngineLimits, EngineRequest, Usage
 from loadtest.replica.timing import TimingModel
 
 T = TypeVar("T")
@@ -232,3 +232,39 @@ def test_engine_can_be_stepped_on_a_virtual_clock() -> None:
         e.apply(plan, now[0])
     assert plans == [(2048, 0), (0, 1)]    # one prefill step (first token), one decode step
     assert now[0] == pytest.approx((10 + 204.8) / 1000 + (10 + 0.25) / 1000)
+
+
+def test_instant_mode_leaves_the_pool_as_a_request_served_step_by_step_would() -> None:
+    """serve_instant against the reference sequence of pool calls (allocate prompt + output with
+    the hit capped below the prompt, register all computed full blocks, free), on a small pool
+    where eviction order decides later hits."""
+    import random
+
+    from templates_audit.blocks import PrefixCache, block_hashes
+
+    rng = random.Random(11)
+    bs, blocks = 4, 40
+    e = Engine(EngineLimits(block_size=bs, kv_blocks=blocks), FAST)
+    ref = PrefixCache(blocks, bs)
+    heads = [[rng.randrange(50) for _ in range(rng.randrange(1, 30))] for _ in range(6)]
+    for i in range(600):
+        prompt = rng.choice(heads) + [rng.randrange(50) for _ in range(rng.randrange(0, 9))]
+        max_tokens = rng.randrange(1, 9)
+        out = [rng.randrange(50) for _ in range(rng.randrange(0, max_tokens + 1))]
+        if rng.random() < 0.3:
+            heads.append(prompt + out)   # a later turn continues this one
+        usage = e.serve_instant(EngineRequest(f"r{i}", prompt, max_tokens, output_ids=out,
+                                              prompt_hashes=block_hashes(prompt, bs)
+                                              if i % 2 else None))
+        ids = prompt + out + [0] * (max_tokens - len(out))
+        hashes = block_hashes(ids, bs)
+        alloc = ref.allocate(hashes[: (len(prompt) - 1) // bs], len(ids), record=False)
+        assert alloc is not None
+        ref.cache_full_blocks(alloc, hashes[: (len(ids) - 1) // bs])
+        ref.free(alloc)
+        assert usage == Usage(len(prompt), max_tokens, alloc.hit_tokens)
+    probes = [block_hashes(h, bs) for h in heads]
+    assert ([e.cache.cached_prefix_tokens(p, 10**6) for p in probes]
+            == [ref.cached_prefix_tokens(p, 10**6) for p in probes])
+    assert e.kv_usage == ref.usage == 0.0
+    assert e.stats.finished == 600
