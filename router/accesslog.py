@@ -1,26 +1,33 @@
-"""One JSON line per proxied request on the `prefix_router.access` logger.
+"""One JSON line per proxied request, written to stdout in batches.
 
 Fields: method, path (without the query string), status, replica, branch, key_source, attempts,
 ttfb_ms, duration_ms, bytes_in, bytes_out. Never the body, prompt text, headers or tokens: the
 record type has no field that could hold them. Status 499 marks a client that went away.
-Cost: one json.dumps per request, skipped entirely when the logger is disabled. Lines go through
-`BufferedLineHandler`, which does not flush per record: a flush is one write syscall, which
-measured ~250 us per request on the benchmark machine, more than the rest of the access log. The
-app flushes it every second (`flush()`), so a line is at most ~1 s late; logging.shutdown flushes
-at exit.
+
+Cost: the access log is on every request's path, so it does not go through `logging` (a
+`LogRecord` per request plus the handler chain measured ~120 us of router CPU per request on the
+benchmark machine, ~15 % of the total; see docs/router.md). `AccessLog.emit` encodes the line with
+a prebuilt encoder and appends it to a list; `flush()` - called by the app once a second, when
+~64 KiB are pending, and at shutdown - writes the lines. A line is therefore at most ~1 s late.
+
+Writes are whole lines in pieces of at most `PIPE_BUF` (4096) bytes, each written and flushed on
+its own: container runtimes collect stdout through a pipe, where such writes are atomic, so the
+lines of several `--workers` processes sharing the pipe never interleave mid-line.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-log = logging.getLogger("prefix_router.access")
-
 CLIENT_CLOSED = 499
+PIPE_BUF = 4096
+_FLUSH_AT = 64 * 1024
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 @dataclass(slots=True)
@@ -38,30 +45,51 @@ class AccessRecord:
     bytes_out: int = 0
 
 
-def emit(record: AccessRecord) -> None:
-    if log.isEnabledFor(logging.INFO):
-        # a literal dict: dataclasses.asdict deep-copies and costs several times more
-        log.info(json.dumps({
-            "method": record.method, "path": record.path, "status": record.status,
-            "replica": record.replica, "branch": record.branch, "key_source": record.key_source,
-            "attempts": record.attempts, "ttfb_ms": record.ttfb_ms,
-            "duration_ms": record.duration_ms, "bytes_in": record.bytes_in,
-            "bytes_out": record.bytes_out}, separators=(",", ":")))
+def encode(record: AccessRecord) -> str:
+    # a literal dict: dataclasses.asdict deep-copies and costs several times more
+    return _ENCODER.encode({
+        "method": record.method, "path": record.path, "status": record.status,
+        "replica": record.replica, "branch": record.branch, "key_source": record.key_source,
+        "attempts": record.attempts, "ttfb_ms": record.ttfb_ms,
+        "duration_ms": record.duration_ms, "bytes_in": record.bytes_in,
+        "bytes_out": record.bytes_out})
 
 
-class BufferedLineHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """A StreamHandler that leaves flushing to `flush()` callers instead of every record."""
+def _stdout() -> TextIO:
+    return sys.stdout  # looked up at write time, so redirection (and pytest's capsys) applies
 
-    def __init__(self, stream: TextIO | None = None) -> None:
-        super().__init__(stream if stream is not None else sys.stdout)
 
-    def emit(self, record: logging.LogRecord) -> None:
+class AccessLog:
+    """Buffered JSON-lines writer; `stream` returns the text stream to write to."""
+
+    def __init__(self, stream: Callable[[], TextIO] = _stdout) -> None:
+        self._stream = stream
+        self._pending: list[str] = []
+        self._size = 0
+
+    def emit(self, record: AccessRecord) -> None:
+        line = encode(record)
+        self._pending.append(line)
+        self._size += len(line) + 1
+        if self._size >= _FLUSH_AT:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        lines, self._pending, self._size = self._pending, [], 0
+        stream = self._stream()
+        piece: list[str] = []
+        size = 0
         try:
-            self.stream.write(self.format(record) + self.terminator)
-        except Exception:
-            self.handleError(record)
-
-
-def flush() -> None:
-    for handler in log.handlers:
-        handler.flush()
+            for line in lines:
+                if piece and size + len(line) + 1 > PIPE_BUF:
+                    stream.write("\n".join(piece) + "\n")
+                    stream.flush()
+                    piece, size = [], 0
+                piece.append(line)
+                size += len(line) + 1
+            stream.write("\n".join(piece) + "\n")
+            stream.flush()
+        except (OSError, ValueError):  # stdout closed or gone: losing log lines beats crashing
+            pass

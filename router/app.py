@@ -39,8 +39,7 @@ from typing import Any
 import aiohttp
 import uvicorn
 
-from router import accesslog
-from router.accesslog import CLIENT_CLOSED, AccessRecord, emit
+from router.accesslog import CLIENT_CLOSED, AccessLog, AccessRecord
 from router.affinity import ConversationAffinity
 from router.auth import ClientAuth, upstream_authorization
 from router.body import PROMPT_FIELDS, ClientGone, read_body, validate_body
@@ -104,7 +103,7 @@ class RouterApp:
         self._admin: uvicorn.Server | None = None
         self._seq = 0
         self._open = 0
-        self._access_log = settings.logging.access_log
+        self.access_log = AccessLog() if settings.logging.access_log else None
         self._metrics_here = not settings.admin.enabled
 
     # membership ------------------------------------------------------------------------------
@@ -141,8 +140,9 @@ class RouterApp:
         if s.scrape.enabled:
             self._tasks.append(asyncio.create_task(self.health.run_scrapes(self._control),
                                                    name="scrape"))
-        if s.logging.access_log:
-            self._tasks.append(asyncio.create_task(_flush_access_log(), name="access-log"))
+        if self.access_log is not None:
+            self._tasks.append(asyncio.create_task(_flush_every_second(self.access_log),
+                                                   name="access-log"))
         if s.admin.enabled:
             await self._start_admin()
 
@@ -262,11 +262,11 @@ class RouterApp:
         finally:
             if counted:
                 self._open -= 1
-            if self._access_log:
+            if self.access_log is not None:
                 record.duration_ms = round((time.perf_counter() - t0) * 1000, 3)
                 if record.ttfb_ms is not None:
                     record.ttfb_ms = round(record.ttfb_ms, 3)
-                emit(record)
+                self.access_log.emit(record)
 
     async def _route(self, scope: Scope, receive: Receive, send: Send,
                      record: AccessRecord) -> None:
@@ -337,13 +337,13 @@ class RouterApp:
         await send_json(send, 200, {"object": "list", "data": data})
 
 
-async def _flush_access_log() -> None:
+async def _flush_every_second(access_log: AccessLog) -> None:
     try:
         while True:
             await asyncio.sleep(1.0)
-            accesslog.flush()
+            access_log.flush()
     finally:
-        accesslog.flush()
+        access_log.flush()
 
 
 def create_app(settings: Settings, *, discovery: Discovery | None = None) -> RouterApp:

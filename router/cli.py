@@ -165,14 +165,8 @@ def log_config(settings: Settings) -> dict[str, Any]:
 
     cfg: dict[str, Any] = json.loads(json.dumps(LOGGING_CONFIG))
     level = settings.logging.level.upper()
-    cfg["formatters"]["json_line"] = {"format": "%(message)s"}
-    cfg["handlers"]["access_json"] = {"class": "router.accesslog.BufferedLineHandler",
-                                      "formatter": "json_line", "stream": "ext://sys.stdout"}
     cfg["loggers"]["prefix_router"] = {"handlers": ["default"], "level": level,
                                        "propagate": False}
-    cfg["loggers"]["prefix_router.access"] = {
-        "handlers": ["access_json"], "propagate": False,
-        "level": "INFO" if settings.logging.access_log else "WARNING"}
     cfg["loggers"]["uvicorn.error"]["level"] = level
     return cfg
 
