@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 _str: Any = json.encoder.encode_basestring  # type: ignore[attr-defined]  # str -> JSON, non-ASCII kept
 
@@ -39,8 +38,7 @@ class ApiError(Exception):
                 "code": self.status}
 
 
-@dataclass(frozen=True)
-class Job:
+class Job(NamedTuple):
     kind: Kind
     max_tokens: int
     stream: bool
@@ -103,8 +101,7 @@ def usage_json(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-@dataclass(frozen=True)
-class Envelope:
+class Envelope(NamedTuple):
     """The fields every response and chunk of one request shares."""
 
     id: str

@@ -25,7 +25,7 @@ token ids (plus their block hashes) per LRU.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import xxhash
 
@@ -37,15 +37,13 @@ from .openai_api import Job, Kind
 from .text import prompt_seed
 
 
-@dataclass(frozen=True)
-class Prompt:
+class Prompt(NamedTuple):
     ids: tuple[int, ...]
     hashes: tuple[int, ...]
     seed: int
 
 
-@dataclass(frozen=True)
-class _Prefix:
+class _Prefix(NamedTuple):
     """The leading ``n`` token ids of a prompt and the chained hashes of their full blocks.
 
     ``ids`` and ``hashes`` are those of the whole prompt the prefix was cut from (shared, not

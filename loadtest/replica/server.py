@@ -19,8 +19,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from templates_audit.render import ChatRenderer, TemplateError
 from templates_audit.tokenize import HFTokenizer, Tokenizer, load_tokenizer
@@ -60,8 +59,7 @@ class Listener(Protocol):
     def resume(self) -> None: ...
 
 
-@dataclass(frozen=True)
-class InFlight:
+class InFlight(NamedTuple):
     request_id: str
     path: str
     started: float
