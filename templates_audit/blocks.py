@@ -336,21 +336,28 @@ class PrefixCache:
         """
         if self._ref or self.num_blocks is None:  # requests are running, or unbounded
             return self._insert_pinned(hashes, num_tokens, record)
-        hit = self._hit_blocks(hashes, num_tokens)
-        nhit = len(hit)
-        hit_set = set(hit) if nhit > 1 else hit
-        if len(hit_set) != nhit:  # one block twice (equal hashes): the general path
-            return self._insert_pinned(hashes, num_tokens, record)
         bs = self.block_size
+        cached = self._cached
+        if num_tokens > bs and hashes and hashes[0] in cached:
+            hit = self._hit_blocks(hashes, num_tokens)
+            nhit = len(hit)
+            hit_set = set(hit)
+            if len(hit_set) != nhit:  # one block twice (equal hashes): the general path
+                return self._insert_pinned(hashes, num_tokens, record)
+        else:
+            hit, nhit = [], 0
         need = -(-num_tokens // bs) - nhit
         free = self._free
         if need > len(free) - nhit:
             return 0
         if need > 0:
             # The head of the free queue, hit blocks excluded (they are pinned first).
-            head = islice(free, need + nhit)
-            taken = list(islice(filterfalse(hit_set.__contains__, head), need) if nhit else head)
-            hashd, cached = self._hash, self._cached
+            if nhit:
+                taken = list(islice(filterfalse(hit_set.__contains__, islice(free, need + nhit)),
+                                    need))
+            else:
+                taken = list(islice(free, need))
+            hashd = self._hash
             upto = min(len(hashes), nhit + need)
             if need <= _SMALL:
                 for bid in taken:
@@ -365,14 +372,13 @@ class PrefixCache:
                         bid = taken[i - nhit]
                         cached[h] = bid
                         hashd[bid] = h
+                move = free.move_to_end
+                for bid in reversed(taken):
+                    move(bid)
             else:
-                self._evict(taken)
-                if upto > nhit:
-                    self._register(hashes[nhit:upto], taken[:upto - nhit])
-            # Freed tail first: the blocks end up at the free queue's tail in reverse order.
-            move = free.move_to_end
-            for bid in reversed(taken):
-                move(bid)
+                self._refill(taken, hashes[nhit:upto])
+                # Freed tail first: the blocks end up at the queue's tail in reverse order.
+                _drain(map(free.move_to_end, reversed(taken)))
         if nhit:
             _drain(map(free.move_to_end, reversed(hit)))
         hit_tokens = nhit * bs
@@ -380,6 +386,27 @@ class PrefixCache:
             self.queries += num_tokens
             self.hits += hit_tokens
         return hit_tokens
+
+    def _refill(self, taken: list[int], hashes: Sequence[int]) -> None:
+        """``_evict(taken)`` then ``_register(hashes, taken[:len(hashes)])``, in fewer passes: a
+        block that gets a new hash is not reset to None first."""
+        cached, hashd = self._cached, self._hash
+        olds = list(map(hashd.__getitem__, taken))
+        evicted = len(olds) - olds.count(None)
+        if evicted:
+            self.evictions += evicted
+            _drain(map(cached.pop, cast("list[int]", olds), repeat(None)))
+        m = len(hashes)
+        new = dict(zip(reversed(hashes), reversed(taken[:m]), strict=True))
+        if not cached.keys().isdisjoint(new):
+            for h in cached.keys() & new.keys():
+                del new[h]
+        if len(new) < m:  # some hashes were already cached or repeated: their blocks stay empty
+            _drain(map(hashd.__setitem__, taken[:m], repeat(None)))
+        cached.update(new)
+        _drain(map(hashd.__setitem__, new.values(), new.keys()))
+        if len(taken) > m:
+            _drain(map(hashd.__setitem__, taken[m:], repeat(None)))
 
     def _insert_pinned(self, hashes: Sequence[int], num_tokens: int, record: bool) -> int:
         alloc = self.allocate(hashes, num_tokens, record=record)

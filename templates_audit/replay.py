@@ -63,17 +63,20 @@ class Replay:
         """Serve a request whose hashes are ``head.hashes[:shared] + tail``; its hit tokens."""
         cache = self.cache
         bs = cache.block_size
-        capped = min(shared, max(num_tokens - 1, 0) // bs)
+        capped = (num_tokens - 1) // bs if num_tokens > 0 else 0
         if capped < shared:
             tail = head.hashes[capped:shared] + tail
             shared = capped
-        if shared and self._fresh(head, shared):
+        # _fresh(head, shared), inlined: this runs twice per audited request.
+        window = self._window
+        if (shared and self._lazy and 0 <= head.refreshed_at and shared <= head.fresh_blocks
+                and (window is None or self.allocated - head.refreshed_at < window)):
             hit = shared * bs + cache.insert(tail, num_tokens - shared * bs, record=False)
         else:
             hit = cache.insert(head.hashes[:shared] + tail, num_tokens, record=False)
             head.refreshed_at = self.allocated
             head.fresh_blocks = shared
-        self.allocated += cache.blocks_for(num_tokens) - hit // bs
+        self.allocated += -(-num_tokens // bs) - hit // bs
         self.hits += hit
         self.queries += num_tokens
         return hit

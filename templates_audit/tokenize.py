@@ -18,7 +18,9 @@ replica compute depends on the tokeniser. Two implementations share one small pr
 * :class:`HFTokenizer` — wraps ``tokenizers.Tokenizer.from_file`` (optional extra) for exact token
   and block boundaries of a real model.
 
-Cost: default tokeniser O(len(text)) on a cache miss (one regex pass), O(lines) on a hit.
+Cost: default tokeniser O(len(text)) on a cache miss (one regex pass), O(lines) on a hit: each
+line's ids are cached as one tuple ending in the newline token, so a text is a C-level extend per
+line; offsets (new templates only) are computed uncached.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import functools
 import json
 import os
 import re
+from itertools import chain
 from typing import Protocol, runtime_checkable
 
 import xxhash
@@ -75,43 +78,59 @@ def _piece_id(piece: str) -> int:
 
 
 _NEWLINE_ID = _piece_id("\n")
+_NEWLINE = (_NEWLINE_ID,)
 
 
-_PIECE_IDS: dict[str, int] = {}
-_PIECE_IDS_MAX = 1 << 18
+# Ids of the pieces seen so far (one tuple per piece: a long piece is several tokens), so a
+# line's ids are a C-level flatten of dict lookups. Cleared when full: words repeat, ids do not
+# depend on the cache.
+_PIECE_IDS: dict[str, tuple[int, ...]] = {}
+_PIECE_IDS_MAX = 1 << 17
+
+
+def _piece_ids(piece: str) -> tuple[int, ...]:
+    """Token ids of one pre-tokenised piece: pieces longer than MAX_PIECE_CHARS are cut."""
+    if len(piece) <= MAX_PIECE_CHARS:
+        return (_piece_id(piece),)
+    return tuple(_piece_id(piece[i : i + MAX_PIECE_CHARS])
+                 for i in range(0, len(piece), MAX_PIECE_CHARS))
+
+
+def _plain_ids(text: str) -> list[int]:
+    """Token ids of text without specials or newlines."""
+    # The piece pattern matches every character of a line (letters, digits, punctuation,
+    # underscores, whitespace), so the pieces are contiguous.
+    pieces = _PIECE.findall(text)
+    cache = _PIECE_IDS
+    try:
+        return list(chain.from_iterable(map(cache.get, pieces)))  # type: ignore[arg-type]
+    except TypeError:  # a piece not seen yet (None is not iterable)
+        if len(cache) > _PIECE_IDS_MAX:
+            cache.clear()
+        for piece in pieces:
+            if piece not in cache:
+                cache[piece] = _piece_ids(piece)
+        return list(chain.from_iterable(map(cache.__getitem__, pieces)))
 
 
 def _encode_plain(text: str, base: int, ids: list[int], offs: list[int]) -> None:
-    # The piece pattern matches every character of a line (letters, digits, punctuation,
-    # underscores, whitespace), so the pieces are contiguous and offsets are running lengths;
-    # findall avoids a match object per piece. Piece ids are memoised: words repeat.
-    cache = _PIECE_IDS
-    if len(cache) > _PIECE_IDS_MAX:
-        cache.clear()
+    """Ids and start offsets (from ``base``) of text without specials or newlines."""
+    get = _PIECE_IDS.get
     pos = base
     for piece in _PIECE.findall(text):
-        n = len(piece)
-        if n <= MAX_PIECE_CHARS:
-            pid = cache.get(piece)
-            if pid is None:
-                pid = cache[piece] = _piece_id(piece)
-            ids.append(pid)
-            offs.append(pos)
-        else:
-            for i in range(0, n, MAX_PIECE_CHARS):
-                ids.append(_piece_id(piece[i : i + MAX_PIECE_CHARS]))
-                offs.append(pos + i)
-        pos += n
+        toks = get(piece) or _piece_ids(piece)
+        ids.extend(toks)
+        offs.extend(range(pos, pos + len(toks) * MAX_PIECE_CHARS, MAX_PIECE_CHARS))
+        pos += len(piece)
 
 
-@functools.lru_cache(maxsize=1 << 16)
-def _encode_line(line: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Token ids and offsets of one line (no newline inside). Cached: prompts repeat lines."""
+def _line_with_offsets(line: str) -> tuple[list[int], list[int]]:
+    """Token ids and offsets of one line (no newline inside); not cached (new templates only)."""
     ids: list[int] = []
     offs: list[int] = []
     if "<" not in line and "[" not in line:
         _encode_plain(line, 0, ids, offs)
-        return tuple(ids), tuple(offs)
+        return ids, offs
     pos = 0
     for m in _SPECIAL.finditer(line):
         if m.start() > pos:
@@ -121,7 +140,29 @@ def _encode_line(line: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
         pos = m.end()
     if pos < len(line):
         _encode_plain(line[pos:], pos, ids, offs)
-    return tuple(ids), tuple(offs)
+    return ids, offs
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _encode_line(line: str) -> tuple[int, ...]:
+    """Token ids of one line (no newline inside) followed by a newline token. Cached: prompts
+    repeat lines; the trailing newline lets a text be encoded as one flatten of cached lines."""
+    if not line:
+        return _NEWLINE
+    if "<" not in line and "[" not in line:
+        ids = _plain_ids(line)
+    else:
+        ids = []
+        pos = 0
+        for m in _SPECIAL.finditer(line):
+            if m.start() > pos:
+                ids += _plain_ids(line[pos : m.start()])
+            ids.append(_special_id(m.group()))
+            pos = m.end()
+        if pos < len(line):
+            ids += _plain_ids(line[pos:])
+    ids.append(_NEWLINE_ID)
+    return tuple(ids)
 
 
 @functools.lru_cache(maxsize=1 << 10)
@@ -135,16 +176,12 @@ class DefaultTokenizer:
     name = "default"
 
     def encode(self, text: str) -> list[int]:
+        # Every line's ids end with a newline token; the text's last line has none.
         out: list[int] = []
-        lines = text.split("\n")
-        last = len(lines) - 1
-        nl = _NEWLINE_ID
-        enc = _encode_line
-        for i, line in enumerate(lines):
-            if line:
-                out.extend(enc(line)[0])
-            if i != last:
-                out.append(nl)
+        extend = out.extend
+        for ids in map(_encode_line, text.split("\n")):
+            extend(ids)
+        out.pop()
         return out
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
@@ -155,7 +192,7 @@ class DefaultTokenizer:
         last = len(lines) - 1
         for i, line in enumerate(lines):
             if line:
-                lids, loffs = _encode_line(line)
+                lids, loffs = _line_with_offsets(line)
                 ids.extend(lids)
                 offs.extend([pos + o for o in loffs])
                 pos += len(line)
