@@ -225,7 +225,7 @@ def common_suffix(a: str, b: str, limit: int | None = None) -> int:
     lo, hi = 0, min(len(a), len(b), len(a) if limit is None else limit)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if a[len(a) - mid:] == b[len(b) - mid:]:
+        if a.endswith(b[len(b) - mid:]):  # equal last mid characters, one copy instead of two
             lo = mid
         else:
             hi = mid - 1

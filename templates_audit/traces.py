@@ -46,6 +46,7 @@ DEFAULT_MAX_DEPTH = 64
 _WRAPPER_KEYS = ("request", "body")
 _TIME_KEYS = ("timestamp", "created_at", "time", "start_time", "startTime")
 _GZIP_MAGIC = b"\x1f\x8b"
+_READ_BUFFER = 1 << 16
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,7 +98,9 @@ def _open(path: str) -> Iterator[IO[bytes]]:
     if path == "-":
         yield sys.stdin.buffer
         return
-    raw = open(path, "rb")  # closed below, possibly through the gzip wrapper
+    # closed below, possibly through the gzip wrapper; a 64 KiB buffer: prompts are long lines,
+    # and the default 8 KiB one costs a read per line
+    raw = open(path, "rb", buffering=_READ_BUFFER)
     try:
         if path.endswith(".gz") or raw.peek(2)[:2] == _GZIP_MAGIC:
             with gzip.GzipFile(fileobj=raw, mode="rb") as gz:
@@ -126,7 +129,7 @@ def iter_trace(
                     if raw is None:
                         yield BadLine(name, lineno, f"line longer than {max_line_bytes} bytes")
                         continue
-                    if not raw.strip():
+                    if not raw or raw.isspace():  # blank line (no copy, unlike strip)
                         continue
                     try:
                         yield parse_record(raw, name, lineno, max_depth=max_depth)
@@ -157,7 +160,7 @@ def parse_record(raw: bytes, file: str = "<input>", line: int = 0, *, max_depth:
     except UnicodeDecodeError as exc:
         raise _Bad(f"invalid UTF-8 at byte {exc.start}") from None
     try:
-        obj = json.loads(text)
+        obj = _loads(text)
     except RecursionError:
         raise _Bad(f"nested deeper than {max_depth} levels") from None
     except ValueError as exc:
@@ -168,6 +171,22 @@ def parse_record(raw: bytes, file: str = "<input>", line: int = 0, *, max_depth:
     if not isinstance(obj, dict):
         raise _Bad(f"expected a JSON object, got {type(obj).__name__}")
     return _record(obj, file, line, _timestamp(obj), depth=0)
+
+
+_SCAN = json.JSONDecoder().scan_once
+_JSON_SPACE = " \t\n\r"  # the whitespace json.loads allows around a value
+
+
+def _loads(text: str) -> Any:
+    """``json.loads(text)``: the C scanner called directly when the value starts the line and
+    only JSON whitespace follows it; anything else (errors included) goes through json.loads."""
+    try:
+        obj, end = _SCAN(text, 0)
+    except StopIteration:
+        return json.loads(text)  # leading whitespace or invalid: its result or its error
+    if end != len(text) and text[end:].strip(_JSON_SPACE):
+        return json.loads(text)  # extra data: raise json.loads's own error
+    return obj
 
 
 def _too_deep(obj: Any, limit: int) -> bool:
