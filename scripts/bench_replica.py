@@ -2,6 +2,8 @@
 
     python scripts/bench_replica.py                      # ~1-2 min on 2 shared cores
     python scripts/bench_replica.py --requests 1500 --rounds 2 --json out.json
+    git archive <commit> loadtest templates_audit | tar -x -C /tmp/old
+    python scripts/bench_replica.py --baseline /tmp/old     # + that version's replica, same run
 
 Starts two instant replicas (`Fleet(replicas=2, instant=True)`, one process each) and the router
 (`python -m router.cli serve --backend <replica 1> --port P`, one uvicorn worker). Then, in
@@ -17,7 +19,9 @@ What is reported per cell: requests/s (wall clock: depends on how busy the share
 divided by the requests completed, which does not depend on the box's load. For the router cells
 the backend replica's CPU per request is shown too. The closing lines give, per mode, the
 replica's capacity per core as a multiple of the router's: router CPU/request divided by replica
-CPU/request (the target of issue #3 is >= 3).
+CPU/request (the target of issue #3 is >= 3). ``--baseline DIR`` adds the cells of an instant
+replica run from another source tree (``python -m loadtest replica`` with DIR first on the path),
+to compare two versions in one run.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ def body(i: int, stream: bool, system: str) -> bytes:
 
 @dataclass
 class Cell:
-    target: str     # "replica" or "router"
+    target: str     # "replica", "router" or "baseline"
     mode: str       # "plain" or "stream"
     requests: int = 0
     errors: int = 0
@@ -145,6 +149,26 @@ def start_router(backend: str) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("router did not become healthy")
 
 
+def start_baseline(src: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loadtest", "replica", "--instant", "--port", str(port),
+         "--name", "sim-base"], cwd=src, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        got = http_get(url + "/health")
+        if got is not None and got[0] == 200:
+            return proc, url
+        if proc.poll() is not None:
+            raise RuntimeError(f"baseline replica exited with {proc.returncode}")
+        time.sleep(0.2)
+    proc.terminate()
+    raise RuntimeError("baseline replica did not become healthy")
+
+
 def prompt_tokens(url: str, system: str) -> int:
     data = json.dumps({"model": "sim-model", "messages": [
         {"role": "system", "content": system}, {"role": "user", "content": "x"}]}).encode()
@@ -160,48 +184,61 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--skip-router", action="store_true", help="measure the replica only")
+    p.add_argument("--baseline", metavar="DIR",
+                   help="also measure an instant replica run from this source tree")
     p.add_argument("--json", help="also write the cells here")
     args = p.parse_args(argv)
 
     system = system_prompt()
-    cells = {(t, m): Cell(t, m) for t in ("replica", "router") for m in ("plain", "stream")
-             if not (args.skip_router and t == "router")}
+    targets = ["replica"] + ([] if args.skip_router else ["router"]) + (
+        ["baseline"] if args.baseline else [])
+    cells = {(t, m): Cell(t, m) for t in targets for m in ("plain", "stream")}
     with Fleet(replicas=2, instant=True) as fleet:
         pids = [int(pid) for pid in fleet.pids if pid is not None]
         print(f"system prompt + user turn: {prompt_tokens(fleet.urls[0], system)} prompt tokens",
               flush=True)
-        router = None
+        router = base = None
         try:
             if not args.skip_router:
                 router, router_url = start_router(fleet.urls[1])
+            if args.baseline:
+                base, base_url = start_baseline(args.baseline)
             for rnd in range(args.rounds):
                 for (target, mode), cell in cells.items():
                     if target == "replica":
                         url, pid, backend = fleet.urls[0], pids[0], None
+                    elif target == "baseline":
+                        assert base is not None
+                        url, pid, backend = base_url, base.pid, None
                     else:
                         assert router is not None
                         url, pid, backend = router_url, router.pid, pids[1]
                     run_cell(cell, url + "/v1/chat/completions", pid, backend, args.requests,
                              args.concurrency, system)
-                    print(f"round {rnd + 1} {target:7s} {mode:6s} {cell.requests:6d} req "
+                    print(f"round {rnd + 1} {target:8s} {mode:6s} {cell.requests:6d} req "
                           f"{cell.rate:7.1f} req/s  cpu {cell.cpu_ms:.3f} ms/req"
                           + (f"  (backend {cell.backend_cpu_ms:.3f})" if backend else ""),
                           flush=True)
         finally:
-            if router is not None:
-                router.terminate()
-                router.wait(10)
+            for proc in (router, base):
+                if proc is not None:
+                    proc.terminate()
+                    proc.wait(10)
     print()
-    print(f"{'target':8s} {'mode':6s} {'requests':>8s} {'errors':>6s} {'req/s':>7s} "
+    print(f"{'target':9s} {'mode':6s} {'requests':>8s} {'errors':>6s} {'req/s':>7s} "
           f"{'CPU ms/req':>10s} {'backend':>8s}")
     for c in cells.values():
         back = f"{c.backend_cpu_ms:8.3f}" if c.target == "router" else f"{'':8s}"
-        print(f"{c.target:8s} {c.mode:6s} {c.requests:8d} {c.errors:6d} {c.rate:7.1f} "
+        print(f"{c.target:9s} {c.mode:6s} {c.requests:8d} {c.errors:6d} {c.rate:7.1f} "
               f"{c.cpu_ms:10.3f} {back}")
     if not args.skip_router:
         for mode in ("plain", "stream"):
             ratio = cells["router", mode].cpu_ms / cells["replica", mode].cpu_ms
             print(f"{mode}: replica capacity per core = {ratio:.2f}x the router's")
+    if args.baseline:
+        for mode in ("plain", "stream"):
+            print(f"{mode}: baseline replica CPU/request = "
+                  f"{cells['baseline', mode].cpu_ms / cells['replica', mode].cpu_ms:.2f}x this one's")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump([asdict(c) | {"cpu_ms": c.cpu_ms, "rate": c.rate} for c in cells.values()],
