@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import gzip
+import io
 import json
 import os
 import sys
@@ -100,7 +101,7 @@ def _open(path: str) -> Iterator[IO[bytes]]:
         return
     # closed below, possibly through the gzip wrapper; a 64 KiB buffer: prompts are long lines,
     # and the default 8 KiB one costs a read per line
-    raw = open(path, "rb", buffering=_READ_BUFFER)
+    raw = io.BufferedReader(io.FileIO(path, "rb"), buffer_size=_READ_BUFFER)
     try:
         if path.endswith(".gz") or raw.peek(2)[:2] == _GZIP_MAGIC:
             with gzip.GzipFile(fileobj=raw, mode="rb") as gz:
@@ -173,7 +174,7 @@ def parse_record(raw: bytes, file: str = "<input>", line: int = 0, *, max_depth:
     return _record(obj, file, line, _timestamp(obj), depth=0)
 
 
-_SCAN = json.JSONDecoder().scan_once
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 _JSON_SPACE = " \t\n\r"  # the whitespace json.loads allows around a value
 
 
