@@ -247,10 +247,15 @@ def test_instant_mode_leaves_the_pool_as_a_request_served_step_by_step_would() -
     e = Engine(EngineLimits(block_size=bs, kv_blocks=blocks), FAST)
     ref = PrefixCache(blocks, bs)
     heads = [[rng.randrange(50) for _ in range(rng.randrange(1, 30))] for _ in range(6)]
-    for i in range(600):
-        prompt = rng.choice(heads) + [rng.randrange(50) for _ in range(rng.randrange(0, 9))]
-        max_tokens = rng.randrange(1, 9)
-        out = [rng.randrange(50) for _ in range(rng.randrange(0, max_tokens + 1))]
+    seen: list[tuple[list[int], int, list[int]]] = []
+    for i in range(1500):
+        if seen and rng.random() < 0.2:   # the same request again: its reply blocks are cached
+            prompt, max_tokens, out = rng.choice(seen)
+        else:
+            prompt = rng.choice(heads) + [rng.randrange(50) for _ in range(rng.randrange(0, 9))]
+            max_tokens = rng.randrange(1, 9)
+            out = [rng.randrange(50) for _ in range(rng.randrange(0, max_tokens + 1))]
+            seen.append((prompt, max_tokens, out))
         if rng.random() < 0.3:
             heads.append(prompt + out)   # a later turn continues this one
         usage = e.serve_instant(EngineRequest(f"r{i}", prompt, max_tokens, output_ids=out,
@@ -267,4 +272,4 @@ def test_instant_mode_leaves_the_pool_as_a_request_served_step_by_step_would() -
     assert ([e.cache.cached_prefix_tokens(p, 10**6) for p in probes]
             == [ref.cached_prefix_tokens(p, 10**6) for p in probes])
     assert e.kv_usage == ref.usage == 0.0
-    assert e.stats.finished == 600
+    assert e.stats.finished == 1500
