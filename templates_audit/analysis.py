@@ -36,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from templates_audit.blocks import PrefixCache, block_hashes, hit_rate
-from templates_audit.findings import Span, diff_spans
+from templates_audit.findings import Span, diff_bounds, diff_spans
 from templates_audit.grouping import TemplateIndex
 from templates_audit.model import BadLine, Finding, Report, Role, Summary, Template
 from templates_audit.prompts import Prompt, PromptBuilder, prepare
@@ -127,9 +127,21 @@ class Auditor:
         else:
             entry = None
         offsets: list[int] | None = None
+        found: tuple[TemplateState | None, str] | None = None
+        bounds: tuple[int, int] | None = None
         if self._line_tokenizer and (end == 0 or prompt.text[end - 1] == "\n"):
             # No default-tokenizer token crosses a newline: static part and tail tokenise apart.
-            static_ids = entry.ids if entry is not None else self.tokenizer.encode(static_text)
+            if entry is not None:
+                static_ids = entry.ids
+            else:
+                if tpl is None:
+                    found = self._find(record, static_text, key)
+                    tpl = found[0]
+                if tpl is not None and (not tpl.static_text or tpl.static_text[-1] == "\n"):
+                    bounds = diff_bounds(tpl.static_text, static_text)
+                    static_ids = _splice_ids(self.tokenizer, tpl, static_text, bounds)
+                else:
+                    static_ids = self.tokenizer.encode(static_text)
             tail_ids = self.tokenizer.encode(prompt.text[end:])
         else:
             ids, offs = self.tokenizer.encode_with_offsets(prompt.text)
@@ -138,9 +150,9 @@ class Auditor:
             if entry is not None and entry.ids != static_ids:
                 entry = None  # the tail's first token merged across the boundary differently
         if tpl is None:
-            tpl = self._template(record, prompt, static_ids, offsets, key)
+            tpl = self._template(record, prompt, static_ids, offsets, key, found)
         if entry is None:
-            entry = self._static_entry(tpl, static_text, static_ids, key)
+            entry = self._static_entry(tpl, static_text, static_ids, key, bounds)
         tpl.requests += 1
         self.requests += 1
         self.prompt_tokens += len(static_ids) + len(tail_ids)
@@ -148,7 +160,8 @@ class Auditor:
             tpl.observe(entry.spans, static_text)
         self._feed_caches(tpl, entry, tail_ids)
 
-    def _static_entry(self, tpl: TemplateState, text: str, ids: list[int], key: int) -> StaticPart:
+    def _static_entry(self, tpl: TemplateState, text: str, ids: list[int], key: int,
+                      bounds: tuple[int, int] | None = None) -> StaticPart:
         """Tokens, block hashes and diff of one distinct static part, kept for its repeats."""
         bs = self.block_size
         head = tpl.head.hashes
@@ -157,7 +170,7 @@ class Auditor:
         else:
             prefix = head[:_shared_blocks(ids, tpl.static_ids, len(head), bs)]
             hashes = prefix + _chain(prefix, ids[len(prefix) * bs:], bs)
-            entry = StaticPart(text, ids, Head(hashes), diff_spans(tpl.static_text, text))
+            entry = StaticPart(text, ids, Head(hashes), diff_spans(tpl.static_text, text, bounds))
         self._static_lru[key] = entry
         if len(self._static_lru) > STATIC_CACHE:
             self._static_lru.popitem(last=False)
@@ -171,28 +184,35 @@ class Auditor:
                 self.add(item)
 
     # -- templates ----------------------------------------------------------------------------
+    def _find(self, record: Record, text: str, key: int) -> tuple[TemplateState | None, str]:
+        """The known template of a static text not seen before (None) and its masked key."""
+        tid, masked = self.index.find(record.model or "", text, key)
+        return (self.templates[tid] if tid is not None else None), masked
+
     def _template(self, record: Record, prompt: Prompt, static_ids: list[int],
-                  offsets: list[int] | None, key: int) -> TemplateState:
+                  offsets: list[int] | None, key: int,
+                  found: tuple[TemplateState | None, str] | None = None) -> TemplateState:
         model = record.model or ""
         text = prompt.static_text
-        tid, masked = self.index.find(model, text, key)
-        if tid is None:
-            tid = f"tpl-{masked[:10]}"
-            while tid in self.templates:  # same masked text under a different model
-                tid += "'"
-            self.index.add(tid, model, text, key)
-            if offsets is None:
-                offsets = self.tokenizer.encode_with_offsets(text)[1]
-            hashes = block_hashes(static_ids, self.block_size)
-            tpl = TemplateState(
-                id=tid, static_text=text, static_ids=static_ids, offsets=offsets,
-                head=Head(hashes), ach_head=Head(hashes),
-                roles=prompt.roles, tools_json=prompt.tools_json, is_chat=prompt.is_chat,
-                reference=f"{record.file}:{record.line}",
-            )
-            if prompt.is_chat and self._dynamic_template:
-                self._probe(tpl, record)
-            self.templates[tid] = tpl
+        tpl, masked = found if found is not None else self._find(record, text, key)
+        if tpl is not None:
+            return tpl
+        tid = f"tpl-{masked[:10]}"
+        while tid in self.templates:  # same masked text under a different model
+            tid += "'"
+        self.index.add(tid, model, text, key)
+        if offsets is None:
+            offsets = self.tokenizer.encode_with_offsets(text)[1]
+        hashes = block_hashes(static_ids, self.block_size)
+        tpl = TemplateState(
+            id=tid, static_text=text, static_ids=static_ids, offsets=offsets,
+            head=Head(hashes), ach_head=Head(hashes),
+            roles=prompt.roles, tools_json=prompt.tools_json, is_chat=prompt.is_chat,
+            reference=f"{record.file}:{record.line}",
+        )
+        if prompt.is_chat and self._dynamic_template:
+            self._probe(tpl, record)
+        self.templates[tid] = tpl
         return self.templates[tid]
 
     def _probe(self, tpl: TemplateState, record: Record) -> None:
@@ -302,11 +322,39 @@ def _chain(before: list[int], ids: list[int], bs: int) -> list[int]:
     return block_hashes(ids, bs, parent=before[-1] if before else None)
 
 
+def _splice_ids(tokenizer: Tokenizer, tpl: TemplateState, text: str,
+                bounds: tuple[int, int]) -> list[int]:
+    """``tokenizer.encode(text)`` for the default tokenizer, reusing the reference's tokens.
+
+    ``text`` and the reference (whose static part ends with a newline, or is empty) share
+    ``bounds = (p, s)`` characters at the start and the end. No default-tokenizer token crosses
+    a newline, so the tokens of the whole lines before the first difference and of everything
+    from the newline after the last one are the reference's; only the lines in between are
+    tokenised. A test checks this against ``encode`` on random edits.
+    """
+    ref = tpl.static_text
+    p, s = bounds
+    lo = ref.rfind("\n", 0, p) + 1  # start of the first differing line (same in text)
+    hi = ref.find("\n", len(ref) - s)  # the newline ending the last differing line of ref
+    hi = len(ref) if hi < 0 else hi
+    offs, ref_ids = tpl.offsets, tpl.static_ids
+    head = ref_ids[: bisect.bisect_left(offs, lo)]
+    head += tokenizer.encode(text[lo:len(text) - (len(ref) - hi)])
+    head += ref_ids[bisect.bisect_left(offs, hi):]
+    return head
+
+
 def _shared_blocks(ids: list[int], ref: list[int], limit: int, bs: int) -> int:
-    """Leading full blocks of ``ids`` equal to ``ref``'s (binary search on C-speed slice compares)."""
+    """Leading full blocks of ``ids`` equal to ``ref``'s (C-speed slice compares: all of them,
+    else galloping from the start — a difference is usually near the top — then bisection)."""
     lo, hi = 0, min(limit, len(ids) // bs)
     if ids[: hi * bs] == ref[: hi * bs]:
         return hi
+    step = 1
+    while step < hi and ids[: step * bs] == ref[: step * bs]:
+        lo = step
+        step *= 2
+    hi = min(step, hi) - 1  # the first min(step, hi) blocks differ somewhere
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if ids[: mid * bs] == ref[: mid * bs]:

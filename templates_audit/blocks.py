@@ -279,14 +279,16 @@ class PrefixCache:
         """Cache ``blocks[i]`` under ``hashes[i]`` unless the hash is already cached (vLLM keeps
         the first identical block). The blocks hold no hash: past an allocation's ``cached_upto``
         every block came out of :meth:`_take` uncached, and nothing caches it but its owner."""
-        cached = self._cached
-        # Built backwards, so the first of equal hashes in this request is the one kept.
-        new = dict(zip(reversed(hashes), reversed(blocks), strict=True))
-        if not cached.keys().isdisjoint(new):
-            for h in cached.keys() & new.keys():
-                del new[h]
-        cached.update(new)
-        _drain(map(self._hash.__setitem__, new.values(), new.keys()))
+        # setdefault keeps the first block of a hash (cached before, or earlier in this
+        # request); a block is registered iff setdefault returned it.
+        kept = list(map(self._cached.setdefault, hashes, blocks))
+        hashd = self._hash
+        if kept == blocks:
+            _drain(map(hashd.__setitem__, blocks, hashes))
+            return
+        for h, bid, first in zip(hashes, blocks, kept, strict=True):
+            if first == bid:
+                hashd[bid] = h
 
     def cache_full_blocks(self, alloc: Allocation, hashes: Sequence[int]) -> None:
         """Register the computed full blocks of ``alloc`` (prompt and generated) for reuse."""
@@ -397,14 +399,13 @@ class PrefixCache:
             self.evictions += evicted
             _drain(map(cached.pop, cast("list[int]", olds), repeat(None)))
         m = len(hashes)
-        new = dict(zip(reversed(hashes), reversed(taken[:m]), strict=True))
-        if not cached.keys().isdisjoint(new):
-            for h in cached.keys() & new.keys():
-                del new[h]
-        if len(new) < m:  # some hashes were already cached or repeated: their blocks stay empty
-            _drain(map(hashd.__setitem__, taken[:m], repeat(None)))
-        cached.update(new)
-        _drain(map(hashd.__setitem__, new.values(), new.keys()))
+        blocks = taken[:m]
+        kept = list(map(cached.setdefault, hashes, blocks))
+        if kept == blocks:
+            _drain(map(hashd.__setitem__, blocks, hashes))
+        else:  # some hashes were already cached or repeated: their blocks stay empty
+            for h, bid, first in zip(hashes, blocks, kept, strict=True):
+                hashd[bid] = h if first == bid else None
         if len(taken) > m:
             _drain(map(hashd.__setitem__, taken[m:], repeat(None)))
 

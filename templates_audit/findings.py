@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 from templates_audit.detectors import Kind, Match, classify, scan
 
-__all__ = ["Span", "common_prefix", "common_suffix", "diff_spans", "line_matches", "line_spans"]
+__all__ = ["Span", "common_prefix", "common_suffix", "diff_bounds", "diff_spans", "line_matches",
+           "line_spans"]
 
 _WORDS = re.compile(r"\w+|\s+|[^\w\s]")
 _JOINERS = frozenset("-_:.@+#'")  # characters that glue one value together ("2024-05-20", "a.b@c")
@@ -48,13 +49,13 @@ def _line_starts(lines: list[str]) -> list[int]:
     return [0, *itertools.accumulate(len(line) + 1 for line in lines[:-1])]
 
 
-def diff_spans(ref: str, req: str) -> list[Span]:
-    """Spans where ``req`` differs from ``ref`` (see the module docstring)."""
+def diff_spans(ref: str, req: str, bounds: tuple[int, int] | None = None) -> list[Span]:
+    """Spans where ``req`` differs from ``ref`` (see the module docstring). ``bounds``: the
+    ``(p, s)`` of :func:`diff_bounds` when the caller already has them."""
     if ref == req:
         return []
     # Only the lines between the first and the last differing character need a diff.
-    p = common_prefix(ref, req)
-    s = common_suffix(ref, req, min(len(ref), len(req)) - p)
+    p, s = bounds if bounds is not None else diff_bounds(ref, req)
     lo = ref.rfind("\n", 0, p) + 1
     hi = ref.find("\n", len(ref) - s)
     hi = len(ref) if hi < 0 else hi
@@ -62,6 +63,12 @@ def diff_spans(ref: str, req: str) -> list[Span]:
     return [Span(sp.ref_start + lo, sp.ref_end + lo, sp.start + lo, sp.end + lo, sp.kind,
                  sp.multi_line)
             for sp in _diff_lines(ref[lo:hi], req[lo:len(req) - tail])]
+
+
+def diff_bounds(ref: str, req: str) -> tuple[int, int]:
+    """(common prefix, common suffix no longer than what the prefix leaves) of two texts."""
+    p = common_prefix(ref, req)
+    return p, common_suffix(ref, req, min(len(ref), len(req)) - p)
 
 
 def _diff_lines(ref: str, req: str) -> list[Span]:

@@ -242,3 +242,36 @@ SPANS = [
 def test_diff_spans(ref: str, req: str, expected: list[tuple[str, str, str]]) -> None:
     got = [(ref[s.ref_start:s.ref_end], req[s.start:s.end], s.kind) for s in diff_spans(ref, req)]
     assert got == expected
+
+
+def test_spliced_static_tokens_equal_a_fresh_tokenisation() -> None:
+    """A new static part of a known template reuses the reference's tokens around the lines
+    that differ (analysis._splice_ids); the result must be exactly encode()'s."""
+    from templates_audit.analysis import _splice_ids
+    from templates_audit.findings import diff_bounds
+
+    tok = default_tokenizer()
+    rng = random.Random(11)
+    pool = ["Rule 1: be brief.", "Current date: 2024-05-20", "", "  indented  line", "<|im_start|>",
+            "You are talking to Alice.", "x", "Request time: 12:34:56Z", "tabs\tand  spaces ",
+            "über naïve 日本", "[INST] hi [/INST]", "internationalization_of_things"]
+    for _ in range(400):
+        lines = [rng.choice(pool) for _ in range(rng.randrange(0, 8))]
+        ref = "\n".join(lines) + "\n" if lines or rng.random() < 0.5 else ""
+        auditor = Auditor()
+        auditor.add(Record("t", 1, prompt=ref))
+        (tpl,) = auditor.templates.values()
+        edited = list(lines)
+        for _ in range(rng.randrange(1, 4)):
+            op = rng.randrange(3)
+            i = rng.randrange(len(edited) + 1)
+            if op == 0:
+                edited.insert(i, rng.choice(pool))
+            elif edited and i < len(edited):
+                if op == 1:
+                    del edited[i]
+                else:
+                    edited[i] = edited[i][: rng.randrange(len(edited[i]) + 1)] + rng.choice(pool)
+        text = "\n".join(edited) + "\n"
+        got = _splice_ids(tok, tpl, text, diff_bounds(tpl.static_text, text))
+        assert got == tok.encode(text), (ref, text)
