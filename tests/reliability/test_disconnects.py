@@ -8,9 +8,13 @@ counted; the replicas are simulated vLLM processes that count requests and abort
 - 200 clients send a long non-streamed request to replicas with ``--max-num-seqs 2`` (so almost
   all of them wait in the replica's queue), then drop it.
 
-Per dropped client we wait for the serving replica's abort counter to move and take the time
-from the drop to the replica's own abort stamp (`last_abort_at`, wall clock, so polling delay
-does not count); 99% must be within the promise, 100 ms, and none above 500 ms. At the end:
+Per dropped client we take two times from the drop: until the router closed the upstream
+request (its in-flight count fell; polled in-process without I/O), and until the serving
+replica aborted it (the replica's own wall-clock stamp `last_abort_at`, so polling delay does
+not count). Every one must be within the promise, 100 ms. The router's side is awaited first and
+the replicas are polled over HTTP only afterwards: the router shares this process (and its
+GIL) with the test, and polling while it handles the disconnect measured the test's own
+interference - 1 or 2 of 500 aborts at 80-125 ms in a 2.5x run, none with this order. At the end:
 requests dispatched == requests sent (nothing was retried after a disconnect), in-flight gauges
 are back to zero, and no connection or task of the router is left behind.
 """
@@ -38,8 +42,7 @@ from tests.reliability.rawhttp import request
 
 pytestmark = pytest.mark.slow
 
-ABORT_PROMISE = 0.1  # the promise: aborted within 100 ms (timed by the replica's own stamp)
-ABORT_CEILING = 0.5  # no single abort may take longer, even on a loaded 2-core box
+ABORT_PROMISE = 0.1  # the promise: every request aborted within 100 ms of its client's drop
 LONG = 1000         # tokens: no request can finish during the test
 SPEED = 0.05        # 200 ms engine steps: 200 open streams stay cheap for a 2-core box
 
@@ -125,28 +128,40 @@ def router_tasks(app: RouterApp) -> int:
     return asyncio.run_coroutine_threadsafe(count(), loop).result(5)
 
 
-def drop_and_time(fleet: Fleet, stats: Stats, clients: list[Client],
-                  loop: asyncio.AbstractEventLoop) -> list[float]:
-    """Drop clients one by one; seconds from each drop until the replica aborted the request.
+def open_upstream(app: RouterApp) -> int:
+    return sum(s.in_flight for s in app.replicas.states())
+
+
+def drop_and_time(fleet: Fleet, stats: Stats, clients: list[Client], app: RouterApp,
+                  loop: asyncio.AbstractEventLoop) -> tuple[list[float], list[float]]:
+    """Drop clients one by one; seconds from each drop until (router) the router closed the
+    upstream request and (replica) the replica aborted it.
 
     The replica stamps each abort with the wall clock (`last_abort_at` in /admin/stats); the
     drop is stamped here with the same clock, so polling delays do not count."""
     index = {n: i for i, n in enumerate(fleet.names)}
-    seconds: list[float] = []
+    router_s: list[float] = []
+    replica_s: list[float] = []
     for n, c in enumerate(clients):
         targets = [index[c.replica]] if c.replica else list(range(len(fleet)))
         before = stats.aborts(targets)
+        upstream = open_upstream(app)
         t0 = time.monotonic()
         dropped_at = time.time()
         c.drop(reset=n % 2 == 1)
         loop.run_until_complete(asyncio.sleep(0))   # the transport closes its socket here
+        while open_upstream(app) >= upstream:
+            if time.monotonic() - t0 > 10:
+                raise AssertionError(f"client {n} dropped, router still on it after 10 s")
+            time.sleep(0.0005)
+        router_s.append(time.time() - dropped_at)
         while stats.aborts(targets) == before:
             if time.monotonic() - t0 > 10:
                 raise AssertionError(f"client {n} dropped, no abort after 10 s")
             time.sleep(0.002)
         stamps = [stats.get(i)["last_abort_at"] or 0.0 for i in targets]
-        seconds.append(max(stamps) - dropped_at)
-    return seconds
+        replica_s.append(max(stamps) - dropped_at)
+    return router_s, replica_s
 
 
 def run_drops(fleet: Fleet, srv: ThreadedServer, app: RouterApp, *, stream: bool,
@@ -171,7 +186,7 @@ def run_drops(fleet: Fleet, srv: ThreadedServer, app: RouterApp, *, stream: bool
                 f"{[x for x in parse_metrics(app.metrics.render()[0].decode()) if x[2] and 'bucket' not in x[0]]}")
             time.sleep(0.02)
         waiting = sum(len(stats.get(i)["waiting"]) for i in range(len(fleet)))
-        seconds = drop_and_time(fleet, stats, clients, loop)
+        router_s, seconds = drop_and_time(fleet, stats, clients, app, loop)
     finally:
         loop.close()
     time.sleep(0.5)   # a second dispatch of a dropped request would show up by now
@@ -186,7 +201,7 @@ def run_drops(fleet: Fleet, srv: ThreadedServer, app: RouterApp, *, stream: bool
             break
         time.sleep(0.1)
     return dict(sent=n, dispatched=requests, aborted=aborts, waiting_at_drop=waiting,
-                abort_seconds=seconds, in_flight=in_flight,
+                abort_seconds=seconds, router_close_seconds=router_s, in_flight=in_flight,
                 replica_in_flight=sum(s.in_flight for s in app.replicas.states()),
                 open_requests=app._open, client_sockets_left=clients_left,
                 upstream_sockets_before=upstream_before, upstream_sockets_left=upstream_left,
@@ -197,19 +212,22 @@ def _pid() -> int:
     return os.getpid()
 
 
+def _ms(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[int(q * (len(ordered) - 1))] * 1000, 1)
+
+
 def check_and_record(name: str, r: dict[str, Any], measure: Callable[..., None]) -> None:
-    secs = sorted(r["abort_seconds"])
-    p99 = secs[int(0.99 * (len(secs) - 1))]
-    measure(name, **{k: v for k, v in r.items() if k != "abort_seconds"},
+    secs, router_s = r["abort_seconds"], r["router_close_seconds"]
+    measure(name, **{k: v for k, v in r.items() if not k.endswith("_seconds")},
             abort_ms_p50=round(statistics.median(secs) * 1000, 1),
-            abort_ms_p99=round(p99 * 1000, 1),
-            abort_ms_max=round(secs[-1] * 1000, 1),
+            abort_ms_p99=_ms(secs, 0.99), abort_ms_max=_ms(secs, 1.0),
+            router_close_ms_p50=_ms(router_s, 0.5), router_close_ms_max=_ms(router_s, 1.0),
             within_100ms=sum(s <= ABORT_PROMISE for s in secs))
     assert r["dispatched"] == r["sent"]          # nothing dispatched twice
     assert r["aborted"] == r["sent"]             # every upstream request aborted
-    # 99% within the promise; the rare outlier (one of 500 at 125 ms in a 5x run) stays bounded
-    assert p99 <= ABORT_PROMISE
-    assert max(secs) <= ABORT_CEILING
+    assert max(router_s) <= ABORT_PROMISE, _ms(router_s, 1.0)
+    assert max(secs) <= ABORT_PROMISE, sorted(secs)[-5:]
     assert r["in_flight"] == 0 and r["replica_in_flight"] == 0 and r["open_requests"] == 0
     assert r["client_sockets_left"] == 0
     assert r["upstream_sockets_left"] <= r["upstream_sockets_before"]
