@@ -68,15 +68,16 @@ def block_hashes(
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be > 0, got {block_size}")
-    n_full = len(token_ids) // block_size
-    if n_full == 0:
+    if len(token_ids) < block_size:
         return []
-    ids = token_ids if isinstance(token_ids, tuple) else tuple(token_ids)
     h = _first_seed(salt) if parent is None else parent
     out: list[int] = []
     append = out.append
-    for off in range(0, n_full * block_size, block_size):
-        h = hash((h, ids[off : off + block_size]))
+    # zip over block_size references to one iterator yields the full blocks as tuples (in C);
+    # a partial last block is dropped.
+    it = iter(token_ids)
+    for block in zip(*([it] * block_size), strict=False):
+        h = hash((h, block))
         append(h)
     return out
 
