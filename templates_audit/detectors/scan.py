@@ -62,15 +62,22 @@ def _candidates(
     region = text[lo:hi] if window else text
     out: list[_Cand] = []
     for det in detectors:
-        if longest < det.min_run or (det.gate and not any(g in region for g in det.gate)):
+        if longest < det.min_run:
             continue
+        if det.gate:
+            for g in det.gate:  # a plain loop: no generator per detector (this runs per line)
+                if g in region:
+                    break
+            else:
+                continue
         left = det.reject_after
+        validate = det.validate
         for pattern in det.patterns:
             for m in pattern.finditer(text, lo, hi):
                 start, end = h.span(m)
                 if left is not None and start > 0 and left.match(text, start - 1):
                     continue
-                if det.validate is None or det.validate(m, text):
+                if validate is None or validate(m, text):
                     out.append((start, end, det))
     return out
 
