@@ -92,6 +92,14 @@ class NoReplicaAvailable(RouterError):
     code = "no_replica_available"
 
 
+class StreamCancelled(RouterError):
+    """A started stream the router itself had to end: its shutdown grace period ran out."""
+
+    status = 503
+    type = "server_error"
+    code = "stream_cancelled"
+
+
 class UpstreamError(RouterError):
     status = 502
     type = "server_error"

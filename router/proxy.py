@@ -16,6 +16,7 @@ Algorithm for a request whose policy Decision lists candidates c0, c1, ...:
    replica` added) once the first body chunk arrived, then every chunk as it arrives
    (`readany`, no buffering). From here on nothing is retried: an upstream failure or idle timeout
    ends an SSE stream with `data: {"error": ...}` and a non-SSE body by aborting the connection.
+   So does the end of the shutdown grace period, when uvicorn cancels the request's task.
 
 Timeouts: `connect_timeout` for the TCP connect; `first_byte_timeout` (aiohttp's per-read timer)
 for response headers and the first body chunk; `idle_timeout` between later chunks, enforced by an
@@ -44,6 +45,7 @@ from yarl import URL
 from router.accesslog import CLIENT_CLOSED, AccessRecord
 from router.errors import (
     NoReplicaAvailable,
+    StreamCancelled,
     UpstreamConnectError,
     UpstreamError,
     sse_error_event,
@@ -325,6 +327,15 @@ class Forwarder:
                     watchdog.last = loop.time()
                     sent += len(chunk)
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except asyncio.CancelledError:
+            # the shutdown grace period ran out (uvicorn cancels the task) or the client left
+            # (then uvicorn drops the write): an SSE client still gets an error event and a
+            # properly ended stream instead of a bare cut
+            if sse:
+                with contextlib.suppress(Exception):
+                    await send({"type": "http.response.body", "body": sse_error_event(
+                        StreamCancelled("the router ended the stream: it is shutting down"))})
+            raise
         except UpstreamError as exc:
             record.bytes_out = sent
             if sse:
