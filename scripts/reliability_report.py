@@ -111,8 +111,9 @@ OBSERVATIONS = [
     "The router keeps a conversation on the replica that served its previous turn (conversation "
     "affinity). A conversation that spilled or failed over stays where it went; the placement "
     "checks use a fresh conversation per request, so they measure ring placement only.",
-    "A stream that outlives `shutdown.grace_period` is cut without an SSE error event (the "
-    "client sees a truncated chunked body); the process still exits 0.",
+    "A stream that outlives `shutdown.grace_period` is cut when uvicorn cancels its task; the "
+    "router then sends an SSE error event (`stream_cancelled`) and ends the chunked body, so "
+    "the client sees why it stopped; the process still exits 0.",
     "With `auth.api_keys` set and no `admin` listener, `/metrics` on the main port is served "
     "without a key (it exposes replica names and counters, never prompts or keys).",
     "The router's RSS grows by ~0.5 KiB per distinct request in the fuzz run (5 MiB after 10k "
