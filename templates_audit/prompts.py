@@ -51,8 +51,10 @@ class Prompt:
 
 def _static_index(messages: list[dict[str, Any]]) -> int:
     """Index of the first conversational message (the last message when all are static)."""
-    return next((i for i, m in enumerate(messages) if m.get("role") not in STATIC_ROLES),
-                len(messages) - 1)
+    for i, m in enumerate(messages):
+        if m.get("role") not in STATIC_ROLES:
+            return i
+    return len(messages) - 1
 
 
 def _role(message: dict[str, Any]) -> Role:
