@@ -33,6 +33,7 @@ __all__ = ["Span", "common_prefix", "common_suffix", "diff_bounds", "diff_spans"
 
 _WORDS = re.compile(r"\w+|\s+|[^\w\s]")
 _JOINERS = frozenset("-_:.@+#'")  # characters that glue one value together ("2024-05-20", "a.b@c")
+_SPACE = re.compile(r"\s")  # matches exactly the characters for which str.isspace() is true
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ def line_spans(a: str, b: str) -> tuple[Span, ...]:
         s -= 1
     end_a, end_b = len(a) - s, len(b) - s
     runs: list[list[int]] = []
-    if not any(c.isspace() for c in a[p:end_a]) and not any(c.isspace() for c in b[p:end_b]):
+    if _SPACE.search(a, p, end_a) is None and _SPACE.search(b, p, end_b) is None:
         # One word-like value changed (the common case): no word diff needed.
         runs.append([*_widen(a, p, end_a), *_widen(b, p, end_b)])
         return _spans(a, b, runs)
