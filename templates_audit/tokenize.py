@@ -71,6 +71,9 @@ _SPECIAL = re.compile(
     r"|<(?:start|end)_of_turn>|<bos>|<eos>)"
 )
 _PIECE = re.compile(r" ?[^\W\d_]+| ?\d{1,3}| ?[^\s\w]+|_+|[^\S\n]+")
+# The same pattern for ASCII text (str.isascii() is O(1)): there [^\W\d_] is [A-Za-z] and \d is
+# [0-9], and the explicit classes are faster for re than the Unicode category tests.
+_PIECE_ASCII = re.compile(r" ?[A-Za-z]+| ?[0-9]{1,3}| ?[^\s\w]+|_+|[^\S\n]+")
 
 
 def _piece_id(piece: str) -> int:
@@ -100,7 +103,7 @@ def _plain_ids(text: str) -> list[int]:
     """Token ids of text without specials or newlines."""
     # The piece pattern matches every character of a line (letters, digits, punctuation,
     # underscores, whitespace), so the pieces are contiguous.
-    pieces = _PIECE.findall(text)
+    pieces = (_PIECE_ASCII if text.isascii() else _PIECE).findall(text)
     cache = _PIECE_IDS
     try:
         return list(chain.from_iterable(map(cache.get, pieces)))  # type: ignore[arg-type]

@@ -137,3 +137,14 @@ def test_a_chat_prompt_tokenises_as_before() -> None:
             "<|im_start|>assistant\n")
     assert DefaultTokenizer().encode(text) == ReferenceTokenizer().encode(text)
     assert DefaultTokenizer().encode_with_offsets(text) == ReferenceTokenizer().encode_with_offsets(text)
+
+
+def test_ascii_piece_pattern_equals_the_unicode_one_on_ascii() -> None:
+    from templates_audit.tokenize import _PIECE_ASCII
+
+    chars = [chr(i) for i in range(128) if chr(i) != "\n"]
+    rng = random.Random(3)
+    texts = [a + b + c for a in chars for b in ("", " ", "a", "1", "_", "!") for c in chars[::7]]
+    texts += ["".join(rng.choice(chars) for _ in range(rng.randrange(40))) for _ in range(2000)]
+    for text in texts:
+        assert _PIECE_ASCII.findall(text) == _PIECE.findall(text)
