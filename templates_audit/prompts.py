@@ -36,13 +36,19 @@ STATIC_ROLES = frozenset({"system", "developer"})
 _SENTINEL = "\ue000\ue001prefix-audit\ue001\ue000"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Prompt:
     text: str
     static_end: int
     roles: tuple[tuple[int, int, Role], ...] = ()
     tools_json: str = ""
     is_chat: bool = True
+
+    def __init__(self, text: str, static_end: int, roles: tuple[tuple[int, int, Role], ...] = (),
+                 tools_json: str = "", is_chat: bool = True) -> None:
+        # Built per request: all fields at once instead of one object.__setattr__ each.
+        self.__dict__.update(text=text, static_end=static_end, roles=roles,
+                             tools_json=tools_json, is_chat=is_chat)
 
     @property
     def static_text(self) -> str:

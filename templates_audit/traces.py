@@ -50,7 +50,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _READ_BUFFER = 1 << 16
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, init=False)
 class Record:
     """One request. Exactly one of ``messages`` (chat) and ``prompt`` (completions) is set.
 
@@ -65,6 +65,14 @@ class Record:
     prompt: str | None = None
     model: str | None = None
     timestamp: float | None = None
+
+    def __init__(self, file: str, line: int, messages: list[dict[str, Any]] | None = None,
+                 tools: list[dict[str, Any]] | None = None, prompt: str | None = None,
+                 model: str | None = None, timestamp: float | None = None) -> None:
+        # The generated __init__ of a frozen dataclass makes one object.__setattr__ call per
+        # field; one is built per request, so the fields are written at once (still frozen).
+        self.__dict__.update(file=file, line=line, messages=messages, tools=tools,
+                             prompt=prompt, model=model, timestamp=timestamp)
 
 
 class _Bad(ValueError):
