@@ -34,6 +34,7 @@ from typing import Any
 from loadtest.replica.engine import Engine, EngineLimits, EngineRequest
 from loadtest.replica.timing import TimingModel
 from loadtest.stats import max_over_mean, summarize
+from router.affinity import Affinities
 from router.keys import KeyConfig, derive
 from router.policy import make_policy
 from router.replicas import ReplicaSet, ReplicaState
@@ -64,6 +65,7 @@ class SimConfig:
     kv_blocks: int | None = 8192
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
+    prompt_affinity: bool = True  # routing.prompt_affinity
     timing: TimingModel = field(default_factory=TimingModel)
 
 
@@ -98,7 +100,10 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
 
     rset.update_membership([Endpoint(name=n, url=f"sim://{n}") for n in names])
     policy = make_policy(config.policy, config.load_factor, load_floor=config.load_floor)
-    key_config = KeyConfig()
+    # the app's post-policy affinities, per process like the app's
+    affinity = (Affinities(config.load_factor, config.load_floor, prompt=config.prompt_affinity)
+                if config.policy == "prefix" else None)
+    key_config = KeyConfig(chunk_bytes=1024 if config.prompt_affinity else 0)
     states: dict[str, ReplicaState] = {s.name: s for s in rset.states()}
 
     heap: list[tuple[float, int, str, Any]] = []
@@ -135,9 +140,12 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
             for n in names:
                 e = engines[n]
                 states[n].in_flight = len(e.running) + len(e.waiting)
-            decision = policy.choose(key, list(states.values()), rset.ring, next(seq_counter))
+            state_list = list(states.values())
+            decision = policy.choose(key, state_list, rset.ring, next(seq_counter))
             if decision is None:
                 continue
+            if affinity is not None:
+                decision = affinity.apply(key, decision, state_list)
             name = decision.replica
             branches[str(decision.branch)] = branches.get(str(decision.branch), 0) + 1
             per_replica[name] += 1
@@ -186,6 +194,7 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
 # -- inputs -----------------------------------------------------------------------------------
 
 _BLOCK = 512
+_KEY_TEXT_LIMIT = 65536  # routing.max_prefix_chars
 
 
 def _block_ids(block_id: int, cache: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
@@ -254,13 +263,22 @@ def mooncake_requests(
             hashes = None
             if _BLOCK % block_size == 0:
                 hashes = _block_hashes_of(hids, cache, hcache, block_size)[: n_tokens // block_size]
-            h0 = hids[0]
-            if h0 not in window:
-                window[h0] = mooncake_block_text(h0)[:2048]
+            # the prompt text the router hashes: the whole blocks (a partial last block only
+            # adds a partial key chunk), as far as the router reads (max_prefix_chars)
+            full = n_tokens // _BLOCK
+            parts, size = [], 0
+            for hid in hids[: max(full, 1)]:
+                if size >= _KEY_TEXT_LIMIT:
+                    break
+                if hid not in window:
+                    window[hid] = mooncake_block_text(hid)
+                parts.append(window[hid])
+                size += len(window[hid])
+            prompt = "".join(parts) if full else parts[0][:2048]
             yield SimRequest(
                 at=(rec["timestamp"] + rep * span) / 1000.0 / time_scale,
                 path="/v1/completions",
-                key_body={"model": "sim-model", "prompt": window[h0]},
+                key_body={"model": "sim-model", "prompt": prompt},
                 prompt_ids=ids,
                 max_tokens=max(1, min(int(rec["output_length"]), max_output_tokens)),
                 prompt_hashes=hashes,
@@ -305,6 +323,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-output-tokens", type=int, default=64)
     p.add_argument("--load-factor", type=float, default=1.25)
     p.add_argument("--load-floor", type=int, default=8, help="routing.load_floor (0 = pure bounded loads)")
+    p.add_argument("--no-prompt-affinity", dest="prompt_affinity", action="store_false",
+                   help="routing.prompt_affinity: false (completions follow their key only)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-blocks", type=int, default=8192)
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -330,7 +350,7 @@ def main(args: argparse.Namespace) -> int:
           f"{'max/mean':>10}{'wall s':>8}")
     for pol in policies:
         cfg = SimConfig(replicas=args.replicas, policy=pol, load_factor=args.load_factor,
-                        load_floor=args.load_floor,
+                        load_floor=args.load_floor, prompt_affinity=args.prompt_affinity,
                         block_size=args.block_size, kv_blocks=args.kv_blocks,
                         max_num_seqs=args.max_num_seqs)
         res = simulate(reqs, cfg)

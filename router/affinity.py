@@ -1,4 +1,7 @@
-"""Conversation affinity on top of the stateless prefix policy (see `ConversationAffinity`)."""
+"""Per-process affinities on top of the stateless prefix policy: a chat conversation stays on the
+replica of its last turn (`ConversationAffinity`); a completions prompt goes to the replica that
+served its longest known prefix (`PromptAffinity`). Both only ever move a request to a replica
+under the policy's bounded-load cap, so the load bound holds unchanged."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from router.keys import RoutingKey
 from router.policy import Branch, Decision, load_cap
 from router.replicas import ReplicaState
 
-__all__ = ["ConversationAffinity"]
+__all__ = ["Affinities", "ConversationAffinity", "PromptAffinity"]
 
 
 class ConversationAffinity:
@@ -52,4 +55,86 @@ class ConversationAffinity:
         self._last.move_to_end(conv)
         if len(self._last) > self.size:
             self._last.popitem(last=False)
+        return decision
+
+
+class PromptAffinity:
+    """Sends a completions prompt back to the replica that served its longest known prefix.
+
+    The routing key of a raw prompt covers only its leading window (`prompt_window_chars`), so
+    every prompt that starts with the same preamble - a long system prompt, a shared document -
+    shares one key, and the follow-up turns of one conversation (turn N+1 resends turn N's
+    prompt and appends to it) are placed like strangers once that key spills. This keeps, per
+    process, a bounded LRU from each prompt chunk hash (`RoutingKey.chunks`, chained, so a
+    hash stands for the whole prompt up to the end of its chunk) to the replica that last
+    served a prompt containing it - an approximate radix tree at 1 KiB granularity, like
+    sglang-router's cache-aware policy but without its per-character tree.
+
+    A request goes to the replica of its deepest known chunk when that match covers more than
+    `threshold` of the request's full chunks (sglang-router's `cache_threshold`, 0.5) and the
+    replica is available and under the bounded-load cap the policy enforces; otherwise the
+    policy's decision stands. The threshold keeps a shared preamble from acting as a match:
+    a new conversation's own content outweighs it, so new conversations are placed by the
+    policy (consistently, under the load bound) and only continuations follow their history.
+    Cost: one dict lookup per chunk from the deepest down, one update per chunk (<= 64).
+    """
+
+    def __init__(self, load_factor: float, size: int = 1 << 17, load_floor: int = 0,
+                 threshold: float = 0.5) -> None:
+        self.load_factor = load_factor
+        self.load_floor = load_floor
+        self.size = size
+        self.threshold = threshold
+        self._where: OrderedDict[int, str] = OrderedDict()
+
+    def apply(self, key: RoutingKey, decision: Decision,
+              states: Sequence[ReplicaState]) -> Decision:
+        chunks = key.chunks
+        if not chunks:
+            return decision
+        where = self._where
+        need = self.threshold * len(chunks)
+        for depth in range(len(chunks), 0, -1):
+            if depth <= need:
+                break
+            name = where.get(chunks[depth - 1])
+            if name is None:
+                continue
+            if name != decision.replica:
+                decision = self._move(decision, name, states)
+            break
+        chosen = decision.replica
+        for h in chunks:
+            where[h] = chosen
+            where.move_to_end(h)
+        while len(where) > self.size:
+            where.popitem(last=False)
+        return decision
+
+    def _move(self, decision: Decision, name: str, states: Sequence[ReplicaState]) -> Decision:
+        available = [s for s in states if s.available]
+        target = next((s for s in available if s.name == name), None)
+        if target is None:
+            return decision
+        total = sum(s.load() for s in available)
+        weight = sum(s.weight for s in available)
+        if target.load() >= load_cap(total, target.weight, weight, self.load_factor,
+                                     self.load_floor):
+            return decision
+        return Decision(name, Branch.CONVERSATION,
+                        (name, *(c for c in decision.candidates if c != name)), decision.home)
+
+
+class Affinities:
+    """The affinities the app applies after the policy, in order (the simulator uses this too)."""
+
+    def __init__(self, load_factor: float, load_floor: int = 0, prompt: bool = True) -> None:
+        self.conversation = ConversationAffinity(load_factor, load_floor=load_floor)
+        self.prompt = PromptAffinity(load_factor, load_floor=load_floor) if prompt else None
+
+    def apply(self, key: RoutingKey, decision: Decision,
+              states: Sequence[ReplicaState]) -> Decision:
+        decision = self.conversation.apply(key, decision, states)
+        if self.prompt is not None:
+            decision = self.prompt.apply(key, decision, states)
         return decision

@@ -3,7 +3,7 @@
 Request path (plain ASGI, no middleware stack):
 
     /v1/*   auth -> in-flight cap (429) -> read body (413) -> validate (400) -> keys.derive ->
-            policy.choose -> conversation affinity -> proxy.Forwarder.forward (retry before
+            policy.choose -> conversation / prompt affinity -> proxy.Forwarder.forward (retry before
             first byte, relay, disconnect)
             GET /v1/models is answered here: union over available replicas, deduplicated by id
     /health 200 while the process runs        /ready 200 with >= 1 available replica, else 503
@@ -40,7 +40,7 @@ import aiohttp
 import uvicorn
 
 from router.accesslog import CLIENT_CLOSED, AccessLog, AccessRecord
-from router.affinity import ConversationAffinity
+from router.affinity import Affinities
 from router.auth import ClientAuth, upstream_authorization
 from router.body import PROMPT_FIELDS, ClientGone, read_body, validate_body
 from router.discovery import Discovery, make_discovery
@@ -86,7 +86,7 @@ class RouterApp:
         self.metrics = RouterMetrics()
         self.replicas = ReplicaSet((), ring_kind=r.ring, vnodes=r.virtual_nodes)
         self.policy = make_policy(r.policy, r.load_factor, load_floor=r.load_floor)
-        self.affinity = (ConversationAffinity(r.load_factor, load_floor=r.load_floor)
+        self.affinity = (Affinities(r.load_factor, r.load_floor, prompt=r.prompt_affinity)
                          if r.policy == "prefix" else None)
         self.key_config = key_config(r)
         self._key_headers = (self.key_config.key_header.encode(),

@@ -236,6 +236,7 @@ class RoutingSettings:
     max_prefix_chars: int = 65536
     key_header: str = "X-Prefix-Hash"
     session_header: str = "X-Session-ID"
+    prompt_affinity: bool = True
 
     @classmethod
     def parse(cls, r: _Reader) -> RoutingSettings:
@@ -247,7 +248,8 @@ class RoutingSettings:
                 min_prefix_chars=r.integer("min_prefix_chars", cls.min_prefix_chars, 0),
                 max_prefix_chars=r.integer("max_prefix_chars", cls.max_prefix_chars, 1),
                 key_header=r.string("key_header", cls.key_header),
-                session_header=r.string("session_header", cls.session_header))
+                session_header=r.string("session_header", cls.session_header),
+                prompt_affinity=r.boolean("prompt_affinity", cls.prompt_affinity))
         if s.max_prefix_chars < s.min_prefix_chars:
             raise SettingsError(f"{r.key('max_prefix_chars')}: expected an integer >= "
                                 f"min_prefix_chars ({s.min_prefix_chars}), "

@@ -243,7 +243,7 @@ def test_lifespan_stops_background_tasks(fake_fleet: Any) -> None:
 
 
 def test_conversation_affinity_keeps_a_turn_on_its_replica_under_the_cap() -> None:
-    from router.app import ConversationAffinity
+    from router.affinity import ConversationAffinity
     from router.keys import KeySource, RoutingKey
     from router.policy import Branch, Decision
     from router.replicas import ReplicaState
@@ -274,3 +274,15 @@ def test_conversation_affinity_keeps_a_turn_on_its_replica_under_the_cap() -> No
         aff.apply(RoutingKey("p", c, KeySource.PREFIX), home_r0, states)
     states[2].draining = False
     assert aff.apply(key, spill_r2, states) == spill_r2
+
+
+def test_prompt_affinity_is_wired_for_the_prefix_policy_only() -> None:
+    base = {"replicas": [{"name": "r0", "url": "http://h:1"}]}
+    on = RouterApp(Settings.from_dict(base))
+    assert on.affinity is not None and on.affinity.prompt is not None
+    assert on.key_config.chunk_bytes == 1024
+    off = RouterApp(Settings.from_dict({**base, "routing": {"prompt_affinity": False}}))
+    assert off.affinity is not None and off.affinity.prompt is None
+    assert off.key_config.chunk_bytes == 0
+    rr = RouterApp(Settings.from_dict({**base, "routing": {"policy": "round_robin"}}))
+    assert rr.affinity is None and rr.key_config.chunk_bytes == 0

@@ -24,6 +24,7 @@ def test_defaults_match_the_documented_schema() -> None:
     assert (s.listen.host, s.listen.port, s.workers) == ("127.0.0.1", 8000, 1)
     assert s.routing.policy == "prefix" and s.routing.load_factor == 1.25
     assert s.routing.load_floor == 8
+    assert s.routing.prompt_affinity is True
     assert s.routing.virtual_nodes == 160 and s.routing.key_header == "X-Prefix-Hash"
     assert s.proxy.max_body_bytes == 16 * 1024 * 1024 and s.proxy.max_attempts == 3
     assert s.health.eject_after == 3 and s.scrape.enabled is True
@@ -55,6 +56,7 @@ def test_full_document_parses() -> None:
     ({"routing": {"load_factor": "abc"}}, "routing.load_factor: expected a number > 1, got 'abc'"),
     ({"routing": {"load_factor": 1}}, "routing.load_factor: expected a number > 1, got 1"),
     ({"routing": {"load_floor": -1}}, "routing.load_floor"),
+    ({"routing": {"prompt_affinity": "maybe"}}, "routing.prompt_affinity"),
     ({"routing": {"policy": "random"}}, "routing.policy: expected one of prefix | round_robin | least_loaded, got 'random'"),
     ({"routing": {"polcy": "prefix"}}, "routing.polcy: unknown key (value 'prefix')"),
     ({"bogus": 1}, "bogus: unknown key (value 1)"),
