@@ -337,7 +337,7 @@ class PrefixCache:
 
         The auditor's projection of one replica is a loop over this call in trace order.
         """
-        if self._ref or self.num_blocks is None:  # requests are running, or unbounded
+        if self._ref:  # requests are running: the general path
             return self._insert_pinned(hashes, num_tokens, record)
         bs = self.block_size
         cached = self._cached
@@ -350,6 +350,19 @@ class PrefixCache:
         else:
             hit, nhit = [], 0
         need = -(-num_tokens // bs) - nhit
+        if self.num_blocks is None:
+            # Unbounded: hit blocks stay cached and unqueued; new blocks are cached, and the
+            # ones left uncached become spare again.
+            if need > 0:
+                taken = self._new_blocks(need)
+                upto = min(len(hashes), nhit + need)
+                if upto > nhit:
+                    self._register(hashes[nhit:upto], taken[:upto - nhit])
+                self._recycle(taken)
+            if record:
+                self.queries += num_tokens
+                self.hits += nhit * bs
+            return nhit * bs
         free = self._free
         if need > len(free) - nhit:
             return 0
