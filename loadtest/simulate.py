@@ -36,7 +36,7 @@ from loadtest.replica.timing import TimingModel
 from loadtest.stats import max_over_mean, summarize
 from router.affinity import Affinities
 from router.keys import KeyConfig, derive
-from router.policy import make_policy
+from router.policy import BoundedLoadPrefixPolicy, make_policy
 from router.replicas import ReplicaSet, ReplicaState
 from templates_audit.blocks import block_hashes
 
@@ -101,8 +101,8 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
     rset.update_membership([Endpoint(name=n, url=f"sim://{n}") for n in names])
     policy = make_policy(config.policy, config.load_factor, load_floor=config.load_floor)
     # the app's post-policy affinities, per process like the app's
-    affinity = (Affinities(config.load_factor, config.load_floor, prompt=config.prompt_affinity)
-                if config.policy == "prefix" else None)
+    affinity = (Affinities(policy.bound, prompt=config.prompt_affinity)
+                if isinstance(policy, BoundedLoadPrefixPolicy) else None)
     key_config = KeyConfig(chunk_bytes=1024 if config.prompt_affinity else 0)
     states: dict[str, ReplicaState] = {s.name: s for s in rset.states()}
 

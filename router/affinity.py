@@ -9,7 +9,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from router.keys import RoutingKey
-from router.policy import Branch, Decision, load_cap
+from router.policy import Branch, Decision, LoadBound
 from router.replicas import ReplicaState
 
 __all__ = ["Affinities", "ConversationAffinity", "PromptAffinity"]
@@ -26,9 +26,8 @@ class ConversationAffinity:
     the load bound holds unchanged. Cost: O(N) for the cap, one dict move per request.
     """
 
-    def __init__(self, load_factor: float, size: int = 65536, load_floor: int = 0) -> None:
-        self.load_factor = load_factor
-        self.load_floor = load_floor
+    def __init__(self, bound: LoadBound, size: int = 65536) -> None:
+        self.bound = bound
         self.size = size
         self._last: OrderedDict[tuple[str, str], str] = OrderedDict()
 
@@ -41,13 +40,9 @@ class ConversationAffinity:
         conv = (key.prefix, key.conversation)
         last = self._last.get(conv)
         if last is not None and last != decision.replica:
-            available = [s for s in states if s.available]
-            prev = next((s for s in available if s.name == last), None)
+            prev = next((s for s in states if s.name == last and s.available), None)
             if prev is not None:
-                total = sum(s.load() for s in available)
-                weight = sum(s.weight for s in available)  # ReplicaState keeps weights >= 1
-                if prev.load() < load_cap(total, prev.weight, weight, self.load_factor,
-                                          self.load_floor):
+                if self.bound.admits(prev, states):
                     decision = Decision(last, Branch.CONVERSATION,
                                         (last, *(c for c in decision.candidates if c != last)),
                                         decision.home)
@@ -79,10 +74,8 @@ class PromptAffinity:
     Cost: one dict lookup per chunk from the deepest down, one update per chunk (<= 64).
     """
 
-    def __init__(self, load_factor: float, size: int = 1 << 17, load_floor: int = 0,
-                 threshold: float = 0.5) -> None:
-        self.load_factor = load_factor
-        self.load_floor = load_floor
+    def __init__(self, bound: LoadBound, size: int = 1 << 17, threshold: float = 0.5) -> None:
+        self.bound = bound
         self.size = size
         self.threshold = threshold
         self._where: OrderedDict[int, str] = OrderedDict()
@@ -112,14 +105,8 @@ class PromptAffinity:
         return decision
 
     def _move(self, decision: Decision, name: str, states: Sequence[ReplicaState]) -> Decision:
-        available = [s for s in states if s.available]
-        target = next((s for s in available if s.name == name), None)
-        if target is None:
-            return decision
-        total = sum(s.load() for s in available)
-        weight = sum(s.weight for s in available)
-        if target.load() >= load_cap(total, target.weight, weight, self.load_factor,
-                                     self.load_floor):
+        target = next((s for s in states if s.name == name and s.available), None)
+        if target is None or not self.bound.admits(target, states):
             return decision
         return Decision(name, Branch.CONVERSATION,
                         (name, *(c for c in decision.candidates if c != name)), decision.home)
@@ -128,9 +115,9 @@ class PromptAffinity:
 class Affinities:
     """The affinities the app applies after the policy, in order (the simulator uses this too)."""
 
-    def __init__(self, load_factor: float, load_floor: int = 0, prompt: bool = True) -> None:
-        self.conversation = ConversationAffinity(load_factor, load_floor=load_floor)
-        self.prompt = PromptAffinity(load_factor, load_floor=load_floor) if prompt else None
+    def __init__(self, bound: LoadBound, prompt: bool = True) -> None:
+        self.conversation = ConversationAffinity(bound)
+        self.prompt = PromptAffinity(bound) if prompt else None
 
     def apply(self, key: RoutingKey, decision: Decision,
               states: Sequence[ReplicaState]) -> Decision:

@@ -55,7 +55,7 @@ from router.errors import (
 from router.health import HealthMonitor
 from router.keys import derive, key_config
 from router.metrics import RouterMetrics
-from router.policy import Branch, make_policy
+from router.policy import BoundedLoadPrefixPolicy, Branch, make_policy
 from router.proxy import Forwarder, Receive, Scope, Send, Upstream, make_session
 from router.replicas import EndpointLike, ReplicaSet
 from router.settings import Settings, settings_from_env
@@ -86,8 +86,8 @@ class RouterApp:
         self.metrics = RouterMetrics()
         self.replicas = ReplicaSet((), ring_kind=r.ring, vnodes=r.virtual_nodes)
         self.policy = make_policy(r.policy, r.load_factor, load_floor=r.load_floor)
-        self.affinity = (Affinities(r.load_factor, r.load_floor, prompt=r.prompt_affinity)
-                         if r.policy == "prefix" else None)
+        self.affinity = (Affinities(self.policy.bound, prompt=r.prompt_affinity)
+                         if isinstance(self.policy, BoundedLoadPrefixPolicy) else None)
         self.key_config = key_config(r)
         self._key_headers = (self.key_config.key_header.encode(),
                              self.key_config.session_header.encode())

@@ -74,6 +74,7 @@ __all__ = [
     "Branch",
     "Decision",
     "LeastLoadedPolicy",
+    "LoadBound",
     "Policy",
     "RoundRobinPolicy",
     "load_cap",
@@ -120,16 +121,38 @@ def load_cap(total_load: float, weight: int, total_weight: int, load_factor: flo
     return max(math.ceil(share - 1e-9), floor)
 
 
+@dataclass(frozen=True)
+class LoadBound:
+    """The bounded-load rule (cap and floor), shared by the policy and the affinities that may
+    move a request after it, so that no path can place a request past the cap."""
+
+    load_factor: float = 1.25
+    floor: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.load_factor >= 1.0:
+            raise ValueError(f"load_factor: expected a number >= 1, got {self.load_factor!r}")
+        if self.floor < 0:
+            raise ValueError(f"load_floor: expected >= 0, got {self.floor!r}")
+
+    def cap(self, replica: ReplicaState, total_load: float, total_weight: int) -> int:
+        return load_cap(total_load, replica.weight, total_weight, self.load_factor, self.floor)
+
+    def admits(self, replica: ReplicaState, states: Sequence[ReplicaState]) -> bool:
+        """Whether ``replica`` can take one more request (over the available ``states``)."""
+        available = [s for s in states if s.available]
+        total = sum(s.load() for s in available)
+        weight = sum(s.weight for s in available)  # ReplicaState keeps weights >= 1
+        return replica.load() < self.cap(replica, total, weight)
+
+
 class BoundedLoadPrefixPolicy:
     name = "prefix"
 
     def __init__(self, load_factor: float = 1.25, spill_width: int = 3, load_floor: int = 0) -> None:
-        if not load_factor >= 1.0:
-            raise ValueError(f"load_factor: expected a number >= 1, got {load_factor!r}")
         if spill_width < 1:
             raise ValueError(f"spill_width: expected >= 1, got {spill_width!r}")
-        if load_floor < 0:
-            raise ValueError(f"load_floor: expected >= 0, got {load_floor!r}")
+        self.bound = LoadBound(load_factor, load_floor)
         self.load_factor = load_factor
         self.spill_width = spill_width
         self.load_floor = load_floor
@@ -149,10 +172,10 @@ class BoundedLoadPrefixPolicy:
         total_load = sum(loads.values())
         total_weight = sum(r.weight for r in available.values())
 
+        cap = self.bound.cap
+
         def under_cap(name: str) -> bool:
-            weight = available[name].weight
-            return loads[name] < load_cap(total_load, weight, total_weight, self.load_factor,
-                                          self.load_floor)
+            return loads[name] < cap(available[name], total_load, total_weight)
 
         if under_cap(home):
             return _decision(home, _home_branch(key.source), order, home)

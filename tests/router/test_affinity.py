@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from router.affinity import Affinities, PromptAffinity
 from router.keys import KeyConfig, KeySource, RoutingKey, derive, prompt_chunks
-from router.policy import Branch, Decision
+from router.policy import Branch, Decision, LoadBound
 from router.replicas import ReplicaState
 
 NAMES = ("r0", "r1", "r2", "r3")
@@ -29,7 +29,7 @@ def decided(name: str) -> Decision:
 
 
 def test_a_continuation_goes_where_its_longest_known_prefix_went() -> None:
-    aff = PromptAffinity(1.25)
+    aff = PromptAffinity(LoadBound(1.25, 8))
     turn1 = (1, 2, 3, 4)
     assert aff.apply(key(turn1), decided("r2"), states()).replica == "r2"
     d = aff.apply(key((*turn1, 5, 6)), decided("r1"), states())   # 4 of 6 chunks known
@@ -39,7 +39,7 @@ def test_a_continuation_goes_where_its_longest_known_prefix_went() -> None:
 
 
 def test_a_shared_preamble_alone_is_not_a_match() -> None:
-    aff = PromptAffinity(1.25)
+    aff = PromptAffinity(LoadBound(1.25, 8))
     aff.apply(key((1, 2, 30, 40)), decided("r2"), states())
     # a new conversation: shares 2 of its 4 chunks (not more than half) -> the policy decides
     d = aff.apply(key((1, 2, 50, 60)), decided("r3"), states())
@@ -47,7 +47,7 @@ def test_a_shared_preamble_alone_is_not_a_match() -> None:
 
 
 def test_never_moves_to_a_replica_at_its_cap_or_unavailable() -> None:
-    aff = PromptAffinity(1.25, load_floor=0)
+    aff = PromptAffinity(LoadBound(1.25))
     aff.apply(key((1, 2, 3, 4)), decided("r2"), states())
     busy = states({"r2": 10, "r0": 1, "r1": 1, "r3": 1})   # cap ceil(1.25 * 14 / 4) = 5
     assert aff.apply(key((1, 2, 3, 4, 5)), decided("r1"), busy).replica == "r1"
@@ -58,14 +58,14 @@ def test_never_moves_to_a_replica_at_its_cap_or_unavailable() -> None:
 
 
 def test_the_table_is_bounded() -> None:
-    aff = PromptAffinity(1.25, size=10)
+    aff = PromptAffinity(LoadBound(1.25), size=10)
     for i in range(50):
         aff.apply(key((i * 10 + 1, i * 10 + 2, i * 10 + 3)), decided(NAMES[i % 4]), states())
     assert len(aff._where) == 10
 
 
 def test_requests_without_chunks_pass_through() -> None:
-    aff = Affinities(1.25)
+    aff = Affinities(LoadBound(1.25))
     d = decided("r1")
     assert aff.apply(RoutingKey("k", None, KeySource.PREFIX, 100), d, states()) is d
 

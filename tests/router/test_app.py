@@ -245,11 +245,11 @@ def test_lifespan_stops_background_tasks(fake_fleet: Any) -> None:
 def test_conversation_affinity_keeps_a_turn_on_its_replica_under_the_cap() -> None:
     from router.affinity import ConversationAffinity
     from router.keys import KeySource, RoutingKey
-    from router.policy import Branch, Decision
+    from router.policy import Branch, Decision, LoadBound
     from router.replicas import ReplicaState
 
     states = [ReplicaState(f"r{i}", f"http://h:{i}") for i in range(4)]
-    aff = ConversationAffinity(load_factor=1.25, size=2)
+    aff = ConversationAffinity(LoadBound(1.25), size=2)
     key = RoutingKey("prefix-hash", "conv-1", KeySource.PREFIX)
     spill_r2 = Decision("r2", Branch.SPILL, ("r2", "r0", "r1", "r3"), "r0")
     home_r0 = Decision("r0", Branch.HOME, ("r0", "r1", "r2", "r3"), "r0")
