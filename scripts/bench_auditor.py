@@ -2,8 +2,8 @@
 """Benchmark ``prefix-audit``: throughput (requests/s) and peak memory vs trace length.
 
 Synthetic trace: ``--templates`` system prompts of ~2k default-tokenizer tokens each (numbered
-rules), of which a third carry a per-day date, a third a per-user name and a third a per-request
-timestamp near the top; every request has its own user turn. Lines are JSONL chat bodies.
+rules): 40 % static, 25 % with a per-day date, 20 % with a per-user name, 15 % with a per-request
+timestamp near the top (``MIX``); every request has its own user turn. Lines are JSONL chat bodies.
 
 * ``throughput``: writes ``--requests`` lines to a temp file, then times what the CLI does —
   stream + parse (:func:`iter_trace`) and :class:`Auditor` (render, tokenise, group, diff, both
@@ -11,6 +11,8 @@ timestamp near the top; every request has its own user turn. Lines are JSONL cha
   the ``tokenizers`` library on the synthetic text, vocab 4,096), on fewer requests.
 * ``memory N``: in a fresh subprocess, audits N generated lines (parsed from JSON bytes, never
   stored) and prints peak RSS; the parent compares two sizes.
+* ``by kind``: parsing cost per request, then the audit cost per request by template kind
+  (records in memory, warm caches), so a change can be attributed.
 
 Usage: ``python scripts/bench_auditor.py [--requests 20000] [--memory 10000 100000]``.
 """
@@ -63,12 +65,17 @@ def volatile(kind: str, i: int, n: int, rng: random.Random) -> str:
     return "Follow the rules below."
 
 
+def template_kinds(templates: int, mix: tuple[tuple[str, float], ...] = MIX) -> list[str]:
+    """The volatility pattern of each template (index = the ``#t`` in its system prompt)."""
+    kinds = [k for k, share in mix for _ in range(round(share * templates))]
+    return kinds + [mix[0][0]] * (templates - len(kinds))
+
+
 def lines(n: int, templates: int, seed: int = 1, mix: tuple[tuple[str, float], ...] = MIX
           ) -> Iterator[bytes]:
     rng = random.Random(seed)
     prompts = [system_prompt(t) for t in range(templates)]
-    kinds = [k for k, share in mix for _ in range(round(share * templates))]
-    kinds += [mix[0][0]] * (templates - len(kinds))
+    kinds = template_kinds(templates, mix)
     for i in range(n):
         t = rng.randrange(templates)
         system = prompts[t].replace("{volatile}", volatile(kinds[t], i, n, rng))
@@ -99,6 +106,28 @@ def audit_file(path: Path, tokenizer: str | None) -> tuple[int, float, float]:
     report = auditor.report()
     elapsed = time.process_time() - start
     return report.summary.requests, elapsed, report.summary.prompt_tokens / max(report.summary.requests, 1)
+
+
+def by_kind(n: int, templates: int) -> tuple[float, dict[str, tuple[int, float]]]:
+    """CPU µs per request of parsing, and of ``Auditor.add`` by template kind (records parsed
+    beforehand, so in memory; each add timed on its own, which adds ~1 µs of clock reads)."""
+    raws = list(lines(n, templates))
+    start = time.process_time()
+    records = [parse_record(raw[:-1], "kind", i + 1) for i, raw in enumerate(raws)]
+    parse_us = (time.process_time() - start) / n * 1e6
+    kinds = template_kinds(templates)
+    auditor = Auditor(cache_blocks=DEFAULT_CACHE_BLOCKS)
+    spent: dict[str, float] = {}
+    count: dict[str, int] = {}
+    clock = time.process_time
+    for rec in records:
+        system = (rec.messages or [{}])[0].get("content", "")
+        kind = kinds[int(system.split("#", 1)[1].split(" ", 1)[0])]
+        t0 = clock()
+        auditor.add(rec)
+        spent[kind] = spent.get(kind, 0.0) + clock() - t0
+        count[kind] = count.get(kind, 0) + 1
+    return parse_us, {k: (count[k], spent[k] / count[k] * 1e6) for k, _ in MIX if k in count}
 
 
 def lazy_vs_exact(n: int, templates: int) -> tuple[float, float, float, float]:
@@ -146,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory", type=int, nargs="*", default=[10000, 100000])
     p.add_argument("--compare", type=int, default=5000,
                    help="requests for the lazy-vs-exact replay comparison")
+    p.add_argument("--by-kind", type=int, default=20000,
+                   help="requests for the per-template-kind cost breakdown (0: skip)")
     p.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory_child:
@@ -171,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
             n, secs, avg = audit_file(small, str(tok))
             print(f"--tokenizer (BPE, vocab 4,096): {n:,} requests (~{avg:,.0f} tokens each) in "
                   f"{secs:.2f} CPU s = {n / secs:,.0f} requests/s")
+    if args.by_kind:
+        parse_us, kinds = by_kind(args.by_kind, args.templates)
+        per = " · ".join(f"{k} {us:,.0f} µs ({c:,})" for k, (c, us) in kinds.items())
+        print(f"per request, in memory, {args.by_kind:,} requests: parsing {parse_us:,.0f} µs; "
+              f"audit by template kind: {per}")
     lo, la, eo, ea = lazy_vs_exact(args.compare, args.templates)
     print(f"bounded pool, {args.compare:,} requests: lazy head refresh observed {lo:.5f} / "
           f"achievable {la:.5f}; every block inserted {eo:.5f} / {ea:.5f}")
