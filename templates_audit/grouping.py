@@ -98,7 +98,7 @@ class TemplateIndex:
 
     def find(self, model: str, text: str, exact_key: int) -> tuple[str | None, str]:
         """(template id or None, masked key hex). Call after :meth:`lookup_exact` missed."""
-        lines = [mask_line(line) for line in text.split("\n")]
+        lines = list(map(mask_line, text.split("\n")))
         masked = "\n".join(lines)
         mkey = _h(model + "\x00" + masked)
         tid = self._masked.get(mkey)
@@ -112,7 +112,7 @@ class TemplateIndex:
 
     def add(self, tid: str, model: str, text: str, exact_key: int) -> None:
         """Register a new template whose reference static text is ``text``."""
-        lines = [mask_line(line) for line in text.split("\n")]
+        lines = list(map(mask_line, text.split("\n")))
         self._remember(self._exact, exact_key, tid)
         self._remember(self._masked, _h(model + "\x00" + "\n".join(lines)), tid)
         distinct = {_h(model + "\x00" + ln) for ln in lines if ln.strip()}
