@@ -17,6 +17,13 @@ round), so slow drift in the shared machine's load falls on every setup alike. P
   requests (CPU/request) and, streamed, by relayed content chunks (CPU/chunk = CPU per streamed
   request / chunks per request; an upper bound on the marginal per-chunk cost).
 
+* token-paced streams (mode ``paced``, ``--paced-ms``, default 2 ms): a second fleet whose
+  engine gives every running stream one token per 2 ms (no prefill or per-sequence cost), so
+  each chunk reaches the proxy on its own, as a real vLLM stream does; concurrency
+  ``--concurrency``, ``--paced-requests`` streams per setup. This is the CPU-per-chunk cell the
+  targets use: instant streams arrive in bursts (the instant replica writes a whole stream at
+  once), where the per-request cost dominates the per-chunk figure.
+
 Ratios against sglang-router are computed from the same run (`ratios`). CPU time has 10 ms
 resolution (clock ticks), so the CPU runs are sized to use at least a few seconds of it.
 """
@@ -52,6 +59,10 @@ class OverheadConfig:
     chunks: int = 64
     rounds: int = 3
     max_time: float = 120.0
+    # token-paced streams (the issue's CPU-per-chunk method): a second fleet whose engine
+    # emits one token per `paced_ms` to every running stream; 0 = skip
+    paced_ms: float = 2.0
+    paced_requests: int = 480
 
 
 def _requests(n: int, stream: bool, max_tokens: int) -> list[Request]:
@@ -79,11 +90,12 @@ class _Acc:
 
 
 def _round(launched: Launched, setup: Setup, stream: bool, concurrency: int, n: int,
-           cfg: OverheadConfig, acc: _Acc) -> None:
+           cfg: OverheadConfig, acc: _Acc, label: str | None = None) -> None:
     reqs = _requests(n, stream, cfg.chunks if stream else 16)
+    mode = label or ("stream" if stream else "plain")
     plan = Plan(launched.url, concurrency=concurrency, max_requests=n, max_time=cfg.max_time,
                 stream=stream, prefix_hash_header=setup.prefix_hash_header,
-                progress_label=f"{setup.name} {'stream' if stream else 'plain'} c={concurrency}")
+                progress_label=f"{setup.name} {mode} c={concurrency}")
     pid = launched.pid
     cpu0 = cpu_seconds(pid) if pid else None
     result = run(plan, reqs)
@@ -103,10 +115,11 @@ def _round(launched: Launched, setup: Setup, stream: bool, concurrency: int, n: 
         acc.cpu += cpu1 - cpu0
 
 
-def _row(setup: str, stream: bool, concurrency: int, acc: _Acc) -> dict[str, Any]:
+def _row(setup: str, mode: str, concurrency: int, acc: _Acc) -> dict[str, Any]:
+    stream = mode != "plain"
     chunks = acc.tokens / acc.ok if acc.ok else 0.0
     per_req = acc.cpu / acc.ok if acc.cpu is not None and acc.ok else None
-    return {"setup": setup, "mode": "stream" if stream else "plain",
+    return {"setup": setup, "mode": mode,
             "concurrency": concurrency, "requests": acc.ok, "errors": acc.errors,
             "latency": summarize(acc.e2e), "ttft": summarize(acc.ttft),
             "throughput": acc.ok / acc.wall if acc.wall else None,
@@ -115,42 +128,81 @@ def _row(setup: str, stream: bool, concurrency: int, acc: _Acc) -> dict[str, Any
             "chunks_per_request": chunks}
 
 
+def _launch_all(setups: Sequence[Setup], fleet: Fleet, workdir: Path, suffix: str,
+                skipped: dict[str, str]) -> list[tuple[Setup, Launched]]:
+    replicas = list(zip(fleet.names, fleet.urls, strict=True))
+    running: list[tuple[Setup, Launched]] = []
+    for setup in setups:
+        if setup.name in skipped:
+            continue
+        reason = setup.unavailable()
+        if reason:
+            skipped[setup.name] = reason
+            continue
+        try:
+            running.append((setup, launch(setup, replicas, workdir / (setup.name + suffix))))
+        except SetupError as exc:
+            skipped[setup.name] = f"failed to start: {str(exc).splitlines()[0]}"
+    return running
+
+
+def _stop_all(running: list[tuple[Setup, Launched]], fleet: Fleet) -> None:
+    for _, launched in running:
+        launched.stop()
+    fleet.stop()
+
+
 def measure(setups: Sequence[Setup], cfg: OverheadConfig, workdir: Path,
             log: Any = None) -> dict[str, Any]:
     """All setups run at once in front of one fleet; the cells are interleaved in
-    ``cfg.rounds`` rounds so drift in the machine's background load hits every setup alike."""
+    ``cfg.rounds`` rounds so drift in the machine's background load hits every setup alike.
+    Then, unless ``cfg.paced_ms`` is 0, the same for token-paced streams in front of a second
+    fleet (mode ``paced``: concurrency ``cfg.concurrency``, CPU per relayed chunk)."""
     skipped: dict[str, str] = {}
     cells = [(stream, conc, n) for stream in (False, True)
              for conc, n in ((1, cfg.latency_requests), (cfg.concurrency, cfg.cpu_requests))]
-    accs: dict[tuple[str, bool, int], _Acc] = {}
+    accs: dict[tuple[str, str, int], _Acc] = {}
+    order: list[tuple[str, str, int]] = []
+
+    def cell(setup: Setup, launched: Launched, stream: bool, conc: int, n: int,
+             mode: str) -> None:
+        k = (setup.name, mode, conc)
+        if k not in accs:
+            accs[k] = _Acc()
+            order.append(k)
+        _round(launched, setup, stream, conc, max(1, n // cfg.rounds), cfg, accs[k], mode)
+
     fleet = Fleet(replicas=cfg.replicas, instant=True, log_dir=str(workdir / "fleet"))
     fleet.start()
     running: list[tuple[Setup, Launched]] = []
     try:
-        replicas = list(zip(fleet.names, fleet.urls, strict=True))
-        for setup in setups:
-            reason = setup.unavailable()
-            if reason:
-                skipped[setup.name] = reason
-                continue
-            try:
-                running.append((setup, launch(setup, replicas, workdir / setup.name)))
-            except SetupError as exc:
-                skipped[setup.name] = f"failed to start: {str(exc).splitlines()[0]}"
+        running = _launch_all(setups, fleet, workdir, "", skipped)
         for r in range(cfg.rounds):
             for stream, conc, n in cells:
                 for setup, launched in running:
-                    acc = accs.setdefault((setup.name, stream, conc), _Acc())
-                    _round(launched, setup, stream, conc, max(1, n // cfg.rounds), cfg, acc)
+                    cell(setup, launched, stream, conc, n, "stream" if stream else "plain")
             if log:
                 log(f"overhead: round {r + 1}/{cfg.rounds} done")
     finally:
-        for _, launched in running:
-            launched.stop()
-        fleet.stop()
-    rows = [_row(setup.name, stream, conc, accs[(setup.name, stream, conc)])
-            for setup, _ in running for stream, conc, _n in cells
-            if (setup.name, stream, conc) in accs]
+        _stop_all(running, fleet)
+    if cfg.paced_ms > 0:
+        # one token every paced_ms to every running stream: no prefill or per-sequence cost
+        paced = Fleet(replicas=cfg.replicas, step_ms=cfg.paced_ms, prefill_us_per_token=0.0,
+                      decode_us_per_seq=0.0, log_dir=str(workdir / "fleet-paced"))
+        paced.start()
+        running = []
+        try:
+            running = _launch_all(setups, paced, workdir, "-paced", skipped)
+            for r in range(cfg.rounds):
+                for setup, launched in running:
+                    cell(setup, launched, True, cfg.concurrency, cfg.paced_requests, "paced")
+                if log:
+                    log(f"overhead: paced round {r + 1}/{cfg.rounds} done")
+        finally:
+            _stop_all(running, paced)
+    rows = [_row(name, mode, conc, accs[(name, mode, conc)]) for name, mode, conc in order]
+    rows.sort(key=lambda r: ([s.name for s in setups].index(r["setup"]),
+                             ("plain", "stream", "paced").index(r["mode"]), r["concurrency"]))
     _added(rows)
     return {"config": asdict(cfg), "rows": rows, "skipped": skipped, "ratios": ratios(rows)}
 
@@ -176,8 +228,11 @@ def ratios(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Router vs sglang-router (and nginx), from the high-concurrency CPU runs of one run."""
     conc = max((int(r["concurrency"]) for r in rows), default=1)
     out: dict[str, Any] = {}
+    # CPU per chunk from token-paced streams when measured (the issue's method), else from the
+    # instant ones (whose chunks arrive in bursts)
+    chunk_mode = "paced" if any(r["mode"] == "paced" for r in rows) else "stream"
     for other in ("sglang", "nginx"):
-        for key, mode in (("cpu_per_request", "plain"), ("cpu_per_chunk", "stream")):
+        for key, mode in (("cpu_per_request", "plain"), ("cpu_per_chunk", chunk_mode)):
             mine, theirs = _find(rows, "router", mode, conc), _find(rows, other, mode, conc)
             if mine and theirs and mine.get(key) and theirs.get(key):
                 out[f"{key}_vs_{other}"] = mine[key] / theirs[key]
@@ -198,6 +253,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu-requests", type=int, default=c.cpu_requests)
     p.add_argument("--chunks", type=int, default=c.chunks)
     p.add_argument("--rounds", type=int, default=c.rounds)
+    p.add_argument("--paced-ms", type=float, default=c.paced_ms,
+                   help="token interval of the paced-stream cells (0 = skip them)")
+    p.add_argument("--paced-requests", type=int, default=c.paced_requests)
     p.add_argument("--out", help="JSON results")
     p.add_argument("--workdir", help="logs and configs (default: a temp dir)")
 
@@ -215,7 +273,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     cfg = OverheadConfig(replicas=args.replicas, concurrency=args.concurrency,
                          latency_requests=args.latency_requests, cpu_requests=args.cpu_requests,
-                         chunks=args.chunks, rounds=args.rounds)
+                         chunks=args.chunks, rounds=args.rounds, paced_ms=args.paced_ms,
+                         paced_requests=args.paced_requests)
     with tempfile.TemporaryDirectory(prefix="overhead-") as tmp:
         res = measure(setups, cfg, Path(args.workdir or tmp),
                       log=lambda m: print(m, file=sys.stderr, flush=True))

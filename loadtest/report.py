@@ -354,7 +354,10 @@ def benchmarks_markdown(data: Mapping[str, Any], figures: Mapping[str, Any], doc
             f"requests per cell); CPU at concurrency {c.get('concurrency')} "
             f"({c.get('cpu_requests')} requests per cell) = utime+stime of the proxy's process "
             "tree from /proc (10 ms ticks). *added p50* = p50 minus direct's p50 in the same "
-            "mode and concurrency. CPU/chunk = CPU per streamed request / chunks per request.\n",
+            "mode and concurrency. CPU/chunk = CPU per streamed request / chunks per request. "
+            f"Mode *paced*: token-paced streams from a second fleet whose engine emits one "
+            f"token every {c.get('paced_ms')} ms to every running stream ({c.get('paced_requests')} "
+            "streams per setup at the CPU concurrency); the CPU/chunk target uses these cells.\n",
             overhead_markdown(oh.get("rows", [])),
             overhead_targets_markdown(oh.get("ratios", {})),
         ]

@@ -46,18 +46,22 @@ def test_ratios_use_the_high_concurrency_cells_of_one_run() -> None:
     assert "cpu_per_chunk_vs_nginx" not in r  # nginx has no streamed cell here
     assert r["added_p50_c1_plain"] == pytest.approx(0.0004)
     assert r["added_p50_c1_stream"] == pytest.approx(0.0020)
+    # token-paced cells, when measured, are the ones the CPU-per-chunk ratio uses
+    paced = [*rows, _row("router-prefix", "paced", 16, 0.0032, 0.0032 / 64),
+             _row("sglang-cache_aware", "paced", 16, 0.0016, 0.0016 / 64)]
+    assert ratios(paced)["cpu_per_chunk_vs_sglang"] == pytest.approx(2.0)
 
 
 @pytest.mark.slow
 def test_measure_router_against_direct(tmp_path: Path) -> None:
     cfg = OverheadConfig(replicas=1, concurrency=4, latency_requests=10, cpu_requests=40,
-                         chunks=16, rounds=1)
+                         chunks=16, rounds=1, paced_ms=2.0, paced_requests=8)
     res = measure([Setup("direct"), Setup("router", "prefix")], cfg, tmp_path)
     rows = {(r["setup"], r["mode"], r["concurrency"]): r for r in res["rows"]}
-    assert len(rows) == 8 and res["skipped"] == {}
+    assert len(rows) == 10 and res["skipped"] == {}
     for (setup, mode, conc), r in rows.items():
         assert r["errors"] == 0
-        assert r["requests"] == (10 if conc == 1 else 40)
+        assert r["requests"] == (10 if conc == 1 else 8 if mode == "paced" else 40)
         assert r["latency"]["p50"] > 0
         if setup == "direct":
             assert r["cpu_per_request"] is None and r["added_p50"] == 0.0
@@ -65,8 +69,12 @@ def test_measure_router_against_direct(tmp_path: Path) -> None:
             assert r["cpu_per_request"] > 0  # 40 requests: many 10 ms ticks of router CPU
         else:
             assert r["cpu_per_request"] >= 0
-        if mode == "stream":
+        if mode in ("stream", "paced"):
             assert r["chunks_per_request"] == 16
+    paced = rows[("router-prefix", "paced", 4)]
+    # 16 tokens 2 ms apart: a paced stream cannot be faster than ~30 ms end to end
+    assert paced["latency"]["p50"] >= 0.025
+    assert [r["mode"] for r in res["rows"]][:5] == ["plain", "plain", "stream", "stream", "paced"]
     router_stream = rows[("router-prefix", "stream", 4)]
     assert router_stream["cpu_per_chunk"] == pytest.approx(router_stream["cpu_per_request"] / 16)
     assert "added_p50_c1_plain" in res["ratios"]
