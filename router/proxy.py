@@ -22,8 +22,8 @@ Timeouts: `connect_timeout` for the TCP connect; `first_byte_timeout` (aiohttp's
 for response headers and the first body chunk; `idle_timeout` between later chunks, enforced by an
 `IdleWatchdog` that arms one timer per idle period rather than one per chunk.
 
-Client disconnect: `receive()` is awaited in a watcher task while the upstream exchange runs; on
-`http.disconnect` the watcher cancels the request task, which closes (not releases) the upstream
+Client disconnect: `receive()` is awaited by a `DisconnectWatch` (no Task) while the upstream
+exchange runs; on `http.disconnect` it cancels the request task, which closes (not releases) the upstream
 connection so vLLM sees the disconnect and aborts generation. A disconnect is never retried.
 
 In-flight accounting: `ReplicaState.in_flight` and `prefix_router_in_flight` go up at dispatch
@@ -144,6 +144,63 @@ class IdleWatchdog:
         self.handle.cancel()
 
 
+class DisconnectWatch:
+    """Awaits the ASGI ``receive()`` in the background and calls ``on_disconnect`` if it
+    returns ``http.disconnect`` - without an asyncio Task.
+
+    A Task per request (create, schedule, cancel, one more loop pass to unwind the
+    cancellation) cost ~50 us of router CPU per request on the benchmark machine. This steps
+    the ``receive()`` coroutine itself, the way a Task does: each ``send(None)`` runs it to its
+    next await, which yields the future it waits on (asyncio's ``Future.__await__`` protocol);
+    the future's done-callback steps it again. ``close()`` detaches and closes the coroutine
+    (its ``finally`` blocks run, e.g. uvicorn's event-waiter cleanup).
+    """
+
+    __slots__ = ("_coro", "_done", "_fut", "_loop", "_on_disconnect")
+
+    def __init__(self, receive: Receive, on_disconnect: Callable[[], None]) -> None:
+        self._on_disconnect = on_disconnect
+        self._loop = asyncio.get_running_loop()
+        self._fut: asyncio.Future[Any] | None = None
+        self._done = False
+        self._coro = receive().__await__()
+        self._step()
+
+    def _step(self, _fut: object = None) -> None:
+        if self._done:
+            return
+        self._fut = None
+        try:
+            waiting = self._coro.send(None)
+        except StopIteration as stop:
+            self._done = True
+            msg = stop.value
+            if isinstance(msg, MutableMapping) and msg.get("type") == "http.disconnect":
+                self._on_disconnect()
+            return
+        except BaseException:  # receive() failed: nothing left to watch
+            self._done = True
+            return
+        if asyncio.isfuture(waiting):
+            waiting._asyncio_future_blocking = False  # what a Task does with what it awaits
+            self._fut = waiting
+            waiting.add_done_callback(self._step)
+        else:  # a bare yield (sleep(0)): step again on the next loop pass
+            self._loop.call_soon(self._step)
+
+    def close(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        if self._fut is not None:
+            self._fut.remove_done_callback(self._step)
+            self._fut = None
+        close = getattr(self._coro, "close", None)
+        if close is not None:
+            with contextlib.suppress(BaseException):
+                close()
+
+
 class Forwarder:
     def __init__(self, up: Upstream) -> None:
         self.up = up
@@ -178,28 +235,23 @@ class Forwarder:
         byte was sent (the caller answers it); returns once the response ended."""
         task = asyncio.current_task()
         assert task is not None
-        state = {"done": False, "gone": False}
+        gone = False
 
-        def on_message(fut: asyncio.Future[Message]) -> None:
-            if fut.cancelled() or state["done"]:
-                return
-            if fut.exception() is None and fut.result().get("type") == "http.disconnect":
-                state["gone"] = True
-                task.cancel()
+        def on_disconnect() -> None:
+            nonlocal gone
+            gone = True
+            task.cancel()
 
-        watcher = asyncio.ensure_future(receive())
-        watcher.add_done_callback(on_message)
+        watch = DisconnectWatch(receive, on_disconnect)
         try:
             await self._attempts(scope, send, body, candidates, record)
         except asyncio.CancelledError:
-            if not state["gone"]:
+            if not gone:
                 raise
             task.uncancel()
             record.status = CLIENT_CLOSED
         finally:
-            state["done"] = True
-            watcher.remove_done_callback(on_message)
-            watcher.cancel()
+            watch.close()
 
     async def _attempts(self, scope: Scope, send: Send, body: bytes | None,
                         candidates: Iterable[str], record: AccessRecord) -> None:

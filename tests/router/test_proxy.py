@@ -268,3 +268,49 @@ def test_translate_upstream_leaves_other_exceptions_alone() -> None:
         raise ValueError("not a transport failure")
     with pytest.raises(asyncio.CancelledError), translate_upstream("r7", "x"):
         raise asyncio.CancelledError
+
+
+def test_disconnect_watch_steps_receive_without_a_task() -> None:
+    from router.proxy import DisconnectWatch
+
+    async def scenario() -> tuple[list[str], int, bool]:
+        event = asyncio.Event()
+        cleaned: list[str] = []
+        calls: list[str] = []
+
+        async def receive() -> dict[str, str]:
+            try:
+                await asyncio.sleep(0)      # a bare yield first
+                await event.wait()          # then a future
+                return {"type": "http.disconnect"}
+            finally:
+                cleaned.append("receive")
+
+        tasks_before = len(asyncio.all_tasks())
+        watch = DisconnectWatch(receive, lambda: calls.append("gone"))
+        created = len(asyncio.all_tasks()) - tasks_before
+        await asyncio.sleep(0.01)
+        assert calls == []
+        event.set()
+        await asyncio.sleep(0.01)
+        watch.close()  # after completion: a no-op
+
+        # closed before the disconnect: the coroutine is closed, the callback never runs
+        event2 = asyncio.Event()
+
+        async def receive2() -> dict[str, str]:
+            try:
+                await event2.wait()
+                return {"type": "http.disconnect"}
+            finally:
+                cleaned.append("receive2")
+
+        other = DisconnectWatch(receive2, lambda: calls.append("wrong"))
+        other.close()
+        event2.set()
+        await asyncio.sleep(0.01)
+        return calls + cleaned, created, not event2._waiters
+
+    out, created, detached = asyncio.run(scenario())
+    assert out == ["gone", "receive", "receive2"]
+    assert created == 0 and detached
