@@ -130,12 +130,11 @@ def run_cell(cell: Cell, url: str, pid: int, backend_pid: int | None, n: int, co
     cell.wall += wall
 
 
-def start_router(backend: str) -> tuple[subprocess.Popen[bytes], str]:
+def _start(argv: list[str], what: str, **popen: Any) -> tuple[subprocess.Popen[bytes], str]:
+    """Start a server on a free port (``argv`` gets ``--port``) and wait for its /health."""
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "router.cli", "serve", "--backend", backend, "--port", str(port),
-         "--host", "127.0.0.1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([*argv, "--port", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, **popen)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -143,30 +142,21 @@ def start_router(backend: str) -> tuple[subprocess.Popen[bytes], str]:
         if got is not None and got[0] == 200:
             return proc, url
         if proc.poll() is not None:
-            raise RuntimeError(f"router exited with {proc.returncode}")
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
         time.sleep(0.2)
     proc.terminate()
-    raise RuntimeError("router did not become healthy")
+    raise RuntimeError(f"{what} did not become healthy")
+
+
+def start_router(backend: str) -> tuple[subprocess.Popen[bytes], str]:
+    return _start([sys.executable, "-m", "router.cli", "serve", "--backend", backend,
+                   "--host", "127.0.0.1"], "router")
 
 
 def start_baseline(src: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
     env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "loadtest", "replica", "--instant", "--port", str(port),
-         "--name", "sim-base"], cwd=src, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        got = http_get(url + "/health")
-        if got is not None and got[0] == 200:
-            return proc, url
-        if proc.poll() is not None:
-            raise RuntimeError(f"baseline replica exited with {proc.returncode}")
-        time.sleep(0.2)
-    proc.terminate()
-    raise RuntimeError("baseline replica did not become healthy")
+    return _start([sys.executable, "-m", "loadtest", "replica", "--instant", "--name",
+                   "sim-base"], "baseline replica", cwd=src, env=env)
 
 
 def prompt_tokens(url: str, system: str) -> int:
