@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+import xxhash
+
 from router.keys import RoutingKey
 from router.policy import Branch, Decision, LoadBound
 from router.replicas import ReplicaState
@@ -66,17 +68,24 @@ class PromptAffinity:
     sglang-router's cache-aware policy but without its per-character tree.
 
     A request goes to the replica of its deepest known chunk when that match covers more than
-    `threshold` of the request's full chunks (sglang-router's `cache_threshold`, 0.5) and the
-    replica is available and under the bounded-load cap the policy enforces; otherwise the
-    policy's decision stands. The threshold keeps a shared preamble from acting as a match:
-    a new conversation's own content outweighs it, so new conversations are placed by the
-    policy (consistently, under the load bound) and only continuations follow their history.
-    Cost: one dict lookup per chunk from the deepest down, one update per chunk (<= 64).
+    `threshold` of the request's full chunks (sglang-router's `cache_threshold`, 0.5): a
+    continuation follows its history. A request whose known part is a preamble followed by
+    mostly new content is a new conversation: with `spread`, it goes to the replica that
+    rendezvous hashing picks for its first new chunk, instead of joining every other
+    conversation of that preamble on the key's home (below the load floor nothing spills, so
+    their histories would evict each other in one replica's KV cache while the others stay
+    empty; sglang-router sends such a request to the worker with the smallest tree). The
+    preamble then costs one cold prefill per replica, once. Nothing known: the policy's
+    decision stands. Every move needs the target available and under the bounded-load cap.
+    Cost: at most one dict lookup and one update per chunk (<= 64), plus one hash per replica
+    for a new conversation.
     """
 
-    def __init__(self, bound: LoadBound, size: int = 1 << 17, threshold: float = 0.5) -> None:
+    def __init__(self, bound: LoadBound, size: int = 1 << 17, threshold: float = 0.5,
+                 spread: bool = True) -> None:
         self.bound = bound
         self.size = size
+        self.spread = spread
         self.threshold = threshold
         self._where: OrderedDict[int, str] = OrderedDict()
 
@@ -86,16 +95,26 @@ class PromptAffinity:
         if not chunks:
             return decision
         where = self._where
-        need = self.threshold * len(chunks)
+        known, name = 0, None
         for depth in range(len(chunks), 0, -1):
-            if depth <= need:
-                break
             name = where.get(chunks[depth - 1])
-            if name is None:
-                continue
+            if name is not None:
+                known = depth
+                break
+        if name is not None and known > self.threshold * len(chunks):
             if name != decision.replica:
                 decision = self._move(decision, name, states)
-            break
+        elif self.spread and 0 < known < len(chunks):
+            # a known preamble followed by mostly new content: a new conversation. Place it by
+            # its first new chunk (rendezvous over the available replicas), not with every
+            # other conversation of the preamble on the key's home, so that their histories
+            # spread over the fleet's KV caches; the preamble costs one cold prefill per replica.
+            novel = chunks[known]
+            target = max((s for s in states if s.available),
+                         key=lambda s: xxhash.xxh3_64_intdigest(s.name.encode(), seed=novel),
+                         default=None)
+            if target is not None and target.name != decision.replica:
+                decision = self._move(decision, target.name, states)
         chosen = decision.replica
         for h in chunks:
             where[h] = chosen

@@ -106,3 +106,27 @@ def test_prompt_affinity_keeps_completions_conversations_together_under_spill(
     assert off.branches.get("spill", 0) > 0          # the shared key did spill
     assert on.branches.get("conversation", 0) > 0    # and continuations were moved back
     assert on.hit_rate > off.hit_rate + 0.05, (on.hit_rate, off.hit_rate)
+
+
+def test_prompt_affinity_spreads_new_conversations_at_low_load(tmp_path: object) -> None:
+    """Below the load floor nothing spills, so without prompt affinity every conversation of
+    the shared system block runs on the key's home and their histories evict each other in its
+    KV cache; placed by their first new chunk they use the whole fleet's caches."""
+    from pathlib import Path
+
+    recs = []
+    t = 0
+    for turn in range(3):
+        for conv in range(40):
+            hids = [0] + [5000 + conv * 10 + j for j in range(turn + 2)]
+            recs.append({"timestamp": t, "input_length": 512 * len(hids),
+                         "output_length": 4, "hash_ids": hids})
+            t += 400   # far apart: one request at a time
+    path = Path(str(tmp_path)) / "trace.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    reqs = list(mooncake_requests(str(path), None, 1.0, 4, 1, 16))
+    on = simulate(reqs, SimConfig(replicas=4, kv_blocks=1500, prompt_affinity=True))
+    off = simulate(reqs, SimConfig(replicas=4, kv_blocks=1500, prompt_affinity=False))
+    assert off.load_max_over_mean == pytest.approx(4.0)   # everything on one replica
+    assert on.load_max_over_mean < 2.0
+    assert on.hit_rate > off.hit_rate + 0.1, (on.hit_rate, off.hit_rate)

@@ -39,11 +39,41 @@ def test_a_continuation_goes_where_its_longest_known_prefix_went() -> None:
 
 
 def test_a_shared_preamble_alone_is_not_a_match() -> None:
-    aff = PromptAffinity(LoadBound(1.25, 8))
+    aff = PromptAffinity(LoadBound(1.25, 8), spread=False)
     aff.apply(key((1, 2, 30, 40)), decided("r2"), states())
     # a new conversation: shares 2 of its 4 chunks (not more than half) -> the policy decides
     d = aff.apply(key((1, 2, 50, 60)), decided("r3"), states())
     assert d.replica == "r3" and d.branch is Branch.SPILL
+
+
+def test_new_conversations_after_a_known_preamble_spread_by_their_first_new_chunk() -> None:
+    aff = PromptAffinity(LoadBound(1.25, 8))
+    aff.apply(key((1, 2, 30, 40)), decided("r0"), states())
+    placed = {}
+    for conv in range(40):
+        first_new = 1000 + conv
+        d = aff.apply(key((1, 2, first_new, 2000 + conv)), decided("r0"), states())
+        placed[conv] = d.replica
+        # the placement depends only on the first new chunk: the same one places the same way
+        again = PromptAffinity(LoadBound(1.25, 8))
+        again.apply(key((1, 2, 7)), decided("r0"), states())
+        assert again.apply(key((1, 2, first_new, 5)), decided("r0"), states()).replica == \
+            d.replica
+    assert set(placed.values()) == set(NAMES)   # spread over the fleet, not all on the home
+    # each conversation's next turn then follows its own first turn
+    for conv in range(40):
+        nxt = key((1, 2, 1000 + conv, 2000 + conv, 3000 + conv))
+        assert aff.apply(nxt, decided("r0"), states()).replica == placed[conv]
+
+
+def test_spreading_respects_the_cap_and_needs_a_known_preamble() -> None:
+    aff = PromptAffinity(LoadBound(1.25, 0))
+    # nothing known: the policy's placement (the key's home) stands
+    assert aff.apply(key((1, 2, 3, 4)), decided("r0"), states()).replica == "r0"
+    busy = states({"r0": 1, "r1": 11, "r2": 11, "r3": 11})
+    for conv in range(20):
+        d = aff.apply(key((1, 2, 500 + conv, 600 + conv)), decided("r0"), busy)
+        assert d.replica == "r0"   # the others are at their cap, ceil(1.25 * 35 / 4) = 11
 
 
 def test_never_moves_to_a_replica_at_its_cap_or_unavailable() -> None:
