@@ -175,3 +175,30 @@ def test_killed_replica_costs_no_non_streamed_request(router_server: Any) -> Non
         dead = app.replicas.get("r1")  # router_settings names replicas by position
         assert dead is not None and not dead.healthy
         assert "prefix_router_ejections_total" in metrics
+
+
+def test_completions_conversations_spread_and_follow_their_history(fake_fleet: Any,
+                                                                    router_server: Any) -> None:
+    """Raw prompts sharing a long preamble: at low load each new conversation (mostly new
+    text after the preamble) is placed by its own content, so they spread over the fleet, and
+    every later turn - the previous prompt plus more - goes where its conversation started."""
+    fleet: Fleet = fake_fleet(4)
+    srv, _ = router_server(router_settings(fleet.urls))
+    preamble = "You are a meticulous research assistant. Cite sources. " * 40   # ~2.2 kB
+    http = httpx.Client(timeout=10)
+
+    def served(prompt: str) -> str:
+        r = http.post(srv.url + "/v1/completions",
+                      json={"model": "fake-model", "prompt": prompt, "max_tokens": 4})
+        assert r.status_code == 200, r.text
+        return r.headers["x-prefix-router-replica"]
+
+    prompts = {c: preamble + f"Conversation {c}: " + f"document {c} line. " * 160
+               for c in range(12)}   # ~3 kB of new text each
+    first = {c: served(p) for c, p in prompts.items()}
+    assert len(set(first.values())) >= 3
+    for turn in range(2):
+        for c in prompts:
+            prompts[c] += f" Turn {turn} of {c}: " + "a follow-up question. " * 70
+            assert served(prompts[c]) == first[c], (c, turn)
+    assert served(prompts[0]) == served(prompts[0])   # the same prompt, the same replica
