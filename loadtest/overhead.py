@@ -5,8 +5,9 @@ replica's Python can produce it), so what differs between setups is the proxy. O
 body with a ~1.5k-character system prompt; non-streamed answers carry 16 tokens, streamed ones
 ``--chunks`` (64) content chunks.
 
-All setups (``direct`` = no proxy, the router, nginx, sglang-router) run at once in front of
-one fleet, and the measurements are interleaved in rounds (every setup's cell, then the next
+All setups (``direct`` = no proxy, ``passthrough`` = uvicorn + aiohttp with no routing - the
+floor of the router's stack -, the router, nginx, sglang-router) run at once in front of one
+fleet, and the measurements are interleaved in rounds (every setup's cell, then the next
 round), so slow drift in the shared machine's load falls on every setup alike. Per setup and mode
 (non-streamed, streamed) two closed-loop cells:
 
@@ -47,7 +48,7 @@ from loadtest.workloads import CHAT, Request, synthetic_text
 
 __all__ = ["DEFAULT_SETUPS", "OverheadConfig", "add_arguments", "main", "measure", "ratios"]
 
-DEFAULT_SETUPS = ("direct", "router-prefix", "nginx", "sglang-cache_aware")
+DEFAULT_SETUPS = ("direct", "passthrough", "router-prefix", "nginx", "sglang-cache_aware")
 
 
 @dataclass(frozen=True)
@@ -231,15 +232,20 @@ def ratios(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     # CPU per chunk from token-paced streams when measured (the method), else from the
     # instant ones (whose chunks arrive in bursts)
     chunk_mode = "paced" if any(r["mode"] == "paced" for r in rows) else "stream"
-    for other in ("sglang", "nginx"):
+    for ours, other in (("router", "sglang"), ("router", "nginx"), ("router", "passthrough"),
+                        ("passthrough", "sglang")):
+        prefix = "" if ours == "router" else f"{ours}_"
         for key, mode in (("cpu_per_request", "plain"), ("cpu_per_chunk", chunk_mode)):
-            mine, theirs = _find(rows, "router", mode, conc), _find(rows, other, mode, conc)
+            mine, theirs = _find(rows, ours, mode, conc), _find(rows, other, mode, conc)
             if mine and theirs and mine.get(key) and theirs.get(key):
-                out[f"{key}_vs_{other}"] = mine[key] / theirs[key]
+                out[f"{prefix}{key}_vs_{other}"] = mine[key] / theirs[key]
     for mode in ("plain", "stream"):
         r = _find(rows, "router", mode, 1)
         if r is not None:
             out[f"added_p50_c1_{mode}"] = r.get("added_p50")
+        r = _find(rows, "passthrough", mode, 1)
+        if r is not None:
+            out[f"passthrough_added_p50_c1_{mode}"] = r.get("added_p50")
     return out
 
 

@@ -230,6 +230,15 @@ def overhead_targets_markdown(r: Mapping[str, Any]) -> str:
             r.get("added_p50_c1_plain"), 0.0005, 1000.0, 3),
         row("router added p50, concurrency 1, streamed (ms)", "≤ 0.5",
             r.get("added_p50_c1_stream"), 0.0005, 1000.0, 3),
+        row("the stack's floor (passthrough): CPU/request ÷ sglang-router's", DASH,
+            r.get("passthrough_cpu_per_request_vs_sglang"), None),
+        row("the stack's floor (passthrough): CPU/chunk ÷ sglang-router's", DASH,
+            r.get("passthrough_cpu_per_chunk_vs_sglang"), None),
+        row("the stack's floor (passthrough): added p50, concurrency 1, non-streamed (ms)", DASH,
+            r.get("passthrough_added_p50_c1_plain"), None, 1000.0, 3),
+        row("router CPU/request ÷ passthrough's", DASH, r.get("cpu_per_request_vs_passthrough"),
+            None),
+        row("router CPU/chunk ÷ passthrough's", DASH, r.get("cpu_per_chunk_vs_passthrough"), None),
     ]
     return table(["measure", "target", "measured", "verdict"], rows, ["l", "r", "r", "l"])
 

@@ -16,6 +16,8 @@ the PID it started, waits, then SIGKILLs. Every listener binds 127.0.0.1 only.
   ``--model-path`` = `tiny_tokenizer_dir`).
 * ``vllm-<policy>``: the ``vllm-router`` binary; same readiness rule.
 * ``direct``: no router, the first replica (overhead baseline).
+* ``passthrough``: `loadtest.passthrough` in front of the first replica - uvicorn + aiohttp with
+  no routing, the floor of the router's own stack; ready when ``GET /health`` passes through.
 
 The Rust routers log every request at INFO; they run with ``--log-level warn`` and
 ``RUST_LOG=warn`` and their output goes to a log file in ``workdir``. Process CPU time
@@ -52,7 +54,7 @@ __all__ = [
 ]
 
 KEY_HEADER = "X-Prefix-Hash"
-KINDS = ("router", "nginx", "sglang", "vllm", "direct")
+KINDS = ("router", "nginx", "sglang", "vllm", "direct", "passthrough")
 Replica = tuple[str, str]  # (name, url)
 
 
@@ -287,7 +289,18 @@ def _launch_once(setup: Setup, replicas: Sequence[Replica], workdir: Path,
         return _launch_router(setup, replicas, workdir, port, log)
     if setup.kind == "nginx":
         return _launch_nginx(setup, replicas, workdir, port, log)
+    if setup.kind == "passthrough":
+        return _launch_passthrough(setup, replicas, port, log)
     return _launch_rust(setup, replicas, workdir, port, log)
+
+
+def _launch_passthrough(setup: Setup, replicas: Sequence[Replica], port: int,
+                        log: Path) -> Launched:
+    proc = _spawn([sys.executable, "-m", "loadtest.passthrough", "--upstream", replicas[0][1],
+                   "--port", str(port)], log)
+    launched = Launched(setup, f"http://127.0.0.1:{port}", proc, log)
+    _wait(launched, lambda: (http_get(f"{launched.url}/health") or (0, b""))[0] == 200, 30.0)
+    return launched
 
 
 def tiny_tokenizer_dir(path: Path) -> Path:

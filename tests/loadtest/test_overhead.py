@@ -50,15 +50,22 @@ def test_ratios_use_the_high_concurrency_cells_of_one_run() -> None:
     paced = [*rows, _row("router-prefix", "paced", 16, 0.0032, 0.0032 / 64),
              _row("sglang-cache_aware", "paced", 16, 0.0016, 0.0016 / 64)]
     assert ratios(paced)["cpu_per_chunk_vs_sglang"] == pytest.approx(2.0)
+    # the stack's floor, when measured, is compared both ways
+    floor = ratios([*rows, _row("passthrough", "plain", 16, 0.0008),
+                    _row("passthrough", "plain", 1, 9.0, added=0.0003)])
+    assert floor["cpu_per_request_vs_passthrough"] == pytest.approx(1.25)
+    assert floor["passthrough_cpu_per_request_vs_sglang"] == pytest.approx(1.6)
+    assert floor["passthrough_added_p50_c1_plain"] == pytest.approx(0.0003)
 
 
 @pytest.mark.slow
 def test_measure_router_against_direct(tmp_path: Path) -> None:
     cfg = OverheadConfig(replicas=1, concurrency=4, latency_requests=10, cpu_requests=40,
                          chunks=16, rounds=1, paced_ms=2.0, paced_requests=8)
-    res = measure([Setup("direct"), Setup("router", "prefix")], cfg, tmp_path)
+    res = measure([Setup("direct"), Setup("passthrough"), Setup("router", "prefix")], cfg,
+                  tmp_path)
     rows = {(r["setup"], r["mode"], r["concurrency"]): r for r in res["rows"]}
-    assert len(rows) == 10 and res["skipped"] == {}
+    assert len(rows) == 15 and res["skipped"] == {}
     for (setup, mode, conc), r in rows.items():
         assert r["errors"] == 0
         assert r["requests"] == (10 if conc == 1 else 8 if mode == "paced" else 40)
@@ -75,6 +82,8 @@ def test_measure_router_against_direct(tmp_path: Path) -> None:
     # 16 tokens 2 ms apart: a paced stream cannot be faster than ~30 ms end to end
     assert paced["latency"]["p50"] >= 0.025
     assert [r["mode"] for r in res["rows"]][:5] == ["plain", "plain", "stream", "stream", "paced"]
+    assert rows[("passthrough", "plain", 4)]["cpu_per_request"] > 0
+    assert "cpu_per_request_vs_passthrough" in res["ratios"]
     router_stream = rows[("router-prefix", "stream", 4)]
     assert router_stream["cpu_per_chunk"] == pytest.approx(router_stream["cpu_per_request"] / 16)
     assert "added_p50_c1_plain" in res["ratios"]
