@@ -163,15 +163,11 @@ def measure(setups: Sequence[Setup], cfg: OverheadConfig, workdir: Path,
     cells = [(stream, conc, n) for stream in (False, True)
              for conc, n in ((1, cfg.latency_requests), (cfg.concurrency, cfg.cpu_requests))]
     accs: dict[tuple[str, str, int], _Acc] = {}
-    order: list[tuple[str, str, int]] = []
 
     def cell(setup: Setup, launched: Launched, stream: bool, conc: int, n: int,
              mode: str) -> None:
-        k = (setup.name, mode, conc)
-        if k not in accs:
-            accs[k] = _Acc()
-            order.append(k)
-        _round(launched, setup, stream, conc, max(1, n // cfg.rounds), cfg, accs[k], mode)
+        acc = accs.setdefault((setup.name, mode, conc), _Acc())
+        _round(launched, setup, stream, conc, max(1, n // cfg.rounds), cfg, acc, mode)
 
     fleet = Fleet(replicas=cfg.replicas, instant=True, log_dir=str(workdir / "fleet"))
     fleet.start()
@@ -201,8 +197,9 @@ def measure(setups: Sequence[Setup], cfg: OverheadConfig, workdir: Path,
                     log(f"overhead: paced round {r + 1}/{cfg.rounds} done")
         finally:
             _stop_all(running, paced)
-    rows = [_row(name, mode, conc, accs[(name, mode, conc)]) for name, mode, conc in order]
-    rows.sort(key=lambda r: ([s.name for s in setups].index(r["setup"]),
+    rows = [_row(name, mode, conc, acc) for (name, mode, conc), acc in accs.items()]
+    names = [s.name for s in setups]
+    rows.sort(key=lambda r: (names.index(r["setup"]),
                              ("plain", "stream", "paced").index(r["mode"]), r["concurrency"]))
     _added(rows)
     return {"config": asdict(cfg), "rows": rows, "skipped": skipped, "ratios": ratios(rows)}
