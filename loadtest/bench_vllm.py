@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from loadtest.compare import machine_info, router_branches
+from loadtest.compare import machine_info, scrape_branches
 from loadtest.report import COMPARE_HEADER, compare_row, fmt, ms, pct, table
 from loadtest.runner import Plan, run
 from loadtest.setups import Setup, launch
@@ -149,12 +149,6 @@ def _by_name(summary: Mapping[str, Any], fleet: Replicas) -> dict[str, dict[str,
     return out
 
 
-def _branches(router_url: str) -> dict[str, int]:
-    """Requests per routing branch (home, spill, ...) from the router's own /metrics."""
-    with urllib.request.urlopen(router_url + "/metrics", timeout=10) as resp:
-        return router_branches(resp.read().decode())
-
-
 def bench(fleet: Replicas, cfg: BenchConfig, workdir: Path, log: Log = _stderr) -> dict[str, Any]:
     """Run every policy of ``cfg`` on the same requests through a router in front of ``fleet``.
 
@@ -178,7 +172,7 @@ def bench(fleet: Replicas, cfg: BenchConfig, workdir: Path, log: Log = _stderr) 
                             max_requests=len(requests), max_time=cfg.max_time,
                             replica_urls=tuple(fleet.urls), progress_label=setup.name)
                 result = run(plan, requests, meta)
-                branches = _branches(router.url)
+                branches = scrape_branches(router.url, timeout=10)
         except (OSError, RuntimeError) as exc:  # SetupError is a RuntimeError
             out["failed"][setup.name] = str(exc).splitlines()[0][:300]
             log(f"[{cfg.name}] {setup.name}: FAILED {exc}")

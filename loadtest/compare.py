@@ -129,10 +129,15 @@ def router_branches(metrics_text: str) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def _scrape_branches(url: str) -> dict[str, int]:
+def scrape_branches(router_url: str, timeout: float = 5.0) -> dict[str, int]:
+    """`router_branches` of ``GET {router_url}/metrics``; OSError if it does not answer."""
+    with urllib.request.urlopen(router_url + "/metrics", timeout=timeout) as resp:
+        return router_branches(resp.read().decode())
+
+
+def _branches_or_empty(url: str) -> dict[str, int]:
     try:
-        with urllib.request.urlopen(url + "/metrics", timeout=5.0) as resp:
-            return router_branches(resp.read().decode())
+        return scrape_branches(url)
     except (OSError, ValueError):
         return {}
 
@@ -152,7 +157,7 @@ def run_setup(setup: Setup, requests: Sequence[Request], plan: Plan, fleet_param
             p = replace(plan, target=launched.url, prefix_hash_header=setup.prefix_hash_header,
                         replica_urls=tuple(fleet.urls), progress_label=setup.name)
             result = run(p, requests, workload_meta)
-            branches = _scrape_branches(launched.url) if setup.kind == "router" else {}
+            branches = _branches_or_empty(launched.url) if setup.kind == "router" else {}
             return result, branches
     finally:
         fleet.stop()
