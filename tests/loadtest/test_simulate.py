@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +27,14 @@ def _reqs(n: int, groups: int, spacing: float) -> list[SimRequest]:
         out.append(SimRequest(at=i * spacing, path="/v1/chat/completions", key_body=body,
                               prompt_ids=_prompt(g, i), max_tokens=4))
     return out
+
+
+def _trace_requests(recs: list[dict[str, Any]], tmp: Path,
+                    max_output_tokens: int) -> list[SimRequest]:
+    """Requests of a synthetic Mooncake trace (``recs`` written to ``tmp``/trace.jsonl)."""
+    path = tmp / "trace.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return list(mooncake_requests(str(path), None, 1.0, max_output_tokens, 1, 16))
 
 
 def test_hits_match_the_block_pool_projection_on_one_replica() -> None:
@@ -86,8 +96,6 @@ def test_prompt_affinity_keeps_completions_conversations_together_under_spill(
         tmp_path: object) -> None:
     """Mooncake-style conversations sharing one system block: every record has the same key,
     so under load the key spills; with prompt affinity each continuation follows its history."""
-    from pathlib import Path
-
     rng = random.Random(5)
     recs = []
     t = 0
@@ -97,9 +105,7 @@ def test_prompt_affinity_keeps_completions_conversations_together_under_spill(
             recs.append({"timestamp": t, "input_length": 512 * len(hids),
                          "output_length": 8, "hash_ids": hids})
             t += rng.randrange(5, 15)
-    path = Path(str(tmp_path)) / "trace.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    reqs = list(mooncake_requests(str(path), None, 1.0, 8, 1, 16))
+    reqs = _trace_requests(recs, Path(str(tmp_path)), max_output_tokens=8)
     cfg = dict(replicas=4, kv_blocks=1200, load_floor=0)
     on = simulate(reqs, SimConfig(**cfg, prompt_affinity=True))
     off = simulate(reqs, SimConfig(**cfg, prompt_affinity=False))
@@ -112,8 +118,6 @@ def test_prompt_affinity_spreads_new_conversations_at_low_load(tmp_path: object)
     """Below the load floor nothing spills, so without prompt affinity every conversation of
     the shared system block runs on the key's home and their histories evict each other in its
     KV cache; placed by their first new chunk they use the whole fleet's caches."""
-    from pathlib import Path
-
     recs = []
     t = 0
     for turn in range(3):
@@ -122,9 +126,7 @@ def test_prompt_affinity_spreads_new_conversations_at_low_load(tmp_path: object)
             recs.append({"timestamp": t, "input_length": 512 * len(hids),
                          "output_length": 4, "hash_ids": hids})
             t += 400   # far apart: one request at a time
-    path = Path(str(tmp_path)) / "trace.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    reqs = list(mooncake_requests(str(path), None, 1.0, 4, 1, 16))
+    reqs = _trace_requests(recs, Path(str(tmp_path)), max_output_tokens=4)
     on = simulate(reqs, SimConfig(replicas=4, kv_blocks=1500, prompt_affinity=True))
     off = simulate(reqs, SimConfig(replicas=4, kv_blocks=1500, prompt_affinity=False))
     assert off.load_max_over_mean == pytest.approx(4.0)   # everything on one replica
