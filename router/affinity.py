@@ -17,6 +17,17 @@ from router.replicas import ReplicaState
 __all__ = ["Affinities", "ConversationAffinity", "PromptAffinity"]
 
 
+def move_to(decision: Decision, name: str, states: Sequence[ReplicaState],
+            bound: LoadBound) -> Decision:
+    """``decision`` moved to replica ``name`` (branch ``conversation``, the others kept as the
+    retry order) if that replica is available and under the cap; else ``decision`` unchanged."""
+    target = next((s for s in states if s.name == name and s.available), None)
+    if target is None or not bound.admits(target, states):
+        return decision
+    return Decision(name, Branch.CONVERSATION,
+                    (name, *(c for c in decision.candidates if c != name)), decision.home)
+
+
 class ConversationAffinity:
     """Keeps a conversation of a shared (hot) prefix on the replica that served its last turn.
 
@@ -42,12 +53,7 @@ class ConversationAffinity:
         conv = (key.prefix, key.conversation)
         last = self._last.get(conv)
         if last is not None and last != decision.replica:
-            prev = next((s for s in states if s.name == last and s.available), None)
-            if prev is not None:
-                if self.bound.admits(prev, states):
-                    decision = Decision(last, Branch.CONVERSATION,
-                                        (last, *(c for c in decision.candidates if c != last)),
-                                        decision.home)
+            decision = move_to(decision, last, states, self.bound)
         self._last[conv] = decision.replica
         self._last.move_to_end(conv)
         if len(self._last) > self.size:
@@ -103,7 +109,7 @@ class PromptAffinity:
                 break
         if name is not None and known > self.threshold * len(chunks):
             if name != decision.replica:
-                decision = self._move(decision, name, states)
+                decision = move_to(decision, name, states, self.bound)
         elif self.spread and 0 < known < len(chunks):
             # a known preamble followed by mostly new content: a new conversation. Place it by
             # its first new chunk (rendezvous over the available replicas), not with every
@@ -114,7 +120,7 @@ class PromptAffinity:
                          key=lambda s: xxhash.xxh3_64_intdigest(s.name.encode(), seed=novel),
                          default=None)
             if target is not None and target.name != decision.replica:
-                decision = self._move(decision, target.name, states)
+                decision = move_to(decision, target.name, states, self.bound)
         chosen = decision.replica
         for h in chunks:
             where[h] = chosen
@@ -123,12 +129,6 @@ class PromptAffinity:
             where.popitem(last=False)
         return decision
 
-    def _move(self, decision: Decision, name: str, states: Sequence[ReplicaState]) -> Decision:
-        target = next((s for s in states if s.name == name and s.available), None)
-        if target is None or not self.bound.admits(target, states):
-            return decision
-        return Decision(name, Branch.CONVERSATION,
-                        (name, *(c for c in decision.candidates if c != name)), decision.home)
 
 
 class Affinities:
