@@ -42,27 +42,20 @@ async def read_body(receive: Receive, headers: Iterable[tuple[bytes, bytes]], li
                 raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of "
                                       f"{limit} bytes")
             break
-    msg = await receive()
-    if msg["type"] == "http.disconnect":
-        raise ClientGone
-    body: bytes = msg.get("body", b"")
-    if not msg.get("more_body", False):
-        if len(body) > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        return body
-    chunks = [body]
-    size = len(body)
+    chunks: list[bytes] = []
+    size = 0
     while True:
         msg = await receive()
         if msg["type"] == "http.disconnect":
             raise ClientGone
-        chunk = msg.get("body", b"")
+        chunk: bytes = msg.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
         if not msg.get("more_body", False):
-            return b"".join(chunks)
+            # the usual case is one message: its bytes as they are, no join
+            return b"".join([*chunks, chunk]) if chunks else chunk
+        chunks.append(chunk)
 
 
 def validate_body(path: str, headers: Iterable[tuple[bytes, bytes]],
