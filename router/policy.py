@@ -153,9 +153,7 @@ class BoundedLoadPrefixPolicy:
         if spill_width < 1:
             raise ValueError(f"spill_width: expected >= 1, got {spill_width!r}")
         self.bound = LoadBound(load_factor, load_floor)
-        self.load_factor = load_factor
         self.spill_width = spill_width
-        self.load_floor = load_floor
 
     def choose(
         self, key: RoutingKey, replicas: Sequence[ReplicaState], ring: Ring, seq: int
