@@ -355,5 +355,4 @@ def app_factory() -> RouterApp:
     return create_app(settings_from_env())
 
 
-__all__ = ["ClientGone", "RouterApp", "app_factory", "create_app", "key_config", "read_body",
-           "validate_body"]
+__all__ = ["RouterApp", "app_factory", "create_app"]

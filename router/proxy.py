@@ -195,10 +195,8 @@ class DisconnectWatch:
         if self._fut is not None:
             self._fut.remove_done_callback(self._step)
             self._fut = None
-        close = getattr(self._coro, "close", None)
-        if close is not None:
-            with contextlib.suppress(BaseException):
-                close()
+        with contextlib.suppress(BaseException):
+            self._coro.close()
 
 
 class Forwarder:
