@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ThreadedServer
-from tests.reliability.conftest import RouterProcess, router_config, scaled
+from tests.reliability.conftest import RouterProcess, asgi_lifespan, router_config, scaled
 from tests.reliability.rawhttp import RawHTTP, Response, request
 
 pytestmark = pytest.mark.slow
@@ -38,11 +38,7 @@ _counts: dict[str, int] = {}
 
 async def never_5xx(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while True:
-            msg = await receive()
-            await send({"type": msg["type"] + ".complete"})
-            if msg["type"] == "lifespan.shutdown":
-                return
+        return await asgi_lifespan(receive, send)
     if scope["type"] != "http":
         return
     more = True

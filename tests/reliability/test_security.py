@@ -23,7 +23,7 @@ from loadtest.fleet import Fleet
 from loadtest.replica import Replica, ReplicaConfig
 from router import auth as router_auth
 from tests.conftest import ThreadedServer, free_port
-from tests.reliability.conftest import RouterProcess, parse_metrics, router_config
+from tests.reliability.conftest import RouterProcess, asgi_lifespan, parse_metrics, router_config
 from tests.reliability.load import chat_body
 
 CANARY = "canary-7f3a9c-do-not-log"
@@ -39,11 +39,7 @@ class Recorder:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                await send({"type": msg["type"] + ".complete"})
-                if msg["type"] == "lifespan.shutdown":
-                    return
+            return await asgi_lifespan(receive, send)
         body = b""
         more = True
         while more:
