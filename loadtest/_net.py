@@ -23,3 +23,9 @@ def http_get(url: str, timeout: float = 1.0) -> tuple[int, bytes] | None:
         return int(exc.code), b""
     except (OSError, urllib.error.URLError):
         return None
+
+
+def http_ok(url: str, timeout: float = 1.0) -> bool:
+    """Whether a GET of ``url`` answers 200 (a readiness probe)."""
+    got = http_get(url, timeout)
+    return got is not None and got[0] == 200

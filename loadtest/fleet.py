@@ -33,7 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from loadtest._net import free_port, http_get
+from loadtest._net import free_port, http_ok
 from loadtest.replica import config as replica_config
 from loadtest.replica.config import ReplicaConfig, to_argv
 
@@ -134,8 +134,7 @@ class Fleet:
                 time.sleep(0.05)
 
     def _healthy(self, m: _Member) -> bool:
-        got = http_get(f"http://{self._url_host()}:{m.port}/health")
-        return got is not None and got[0] == 200
+        return http_ok(f"http://{self._url_host()}:{m.port}/health")
 
     @staticmethod
     def _tail(m: _Member, lines: int = 20) -> str:

@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtest._net import free_port, http_get
+from loadtest._net import free_port, http_get, http_ok
 
 __all__ = [
     "KEY_HEADER",
@@ -204,7 +204,7 @@ def _launch_router(setup: Setup, replicas: Sequence[Replica], workdir: Path, por
                                                     "xxhash", port)))
     proc = _spawn([sys.executable, "-m", "router", "serve", "--config", str(conf)], log)
     launched = Launched(setup, f"http://127.0.0.1:{port}", proc, log)
-    _wait(launched, lambda: (http_get(f"{launched.url}/ready") or (0, b""))[0] == 200, 30.0)
+    _wait(launched, lambda: http_ok(f"{launched.url}/ready"), 30.0)
     return launched
 
 
@@ -299,7 +299,7 @@ def _launch_passthrough(setup: Setup, replicas: Sequence[Replica], port: int,
     proc = _spawn([sys.executable, "-m", "loadtest.passthrough", "--upstream", replicas[0][1],
                    "--port", str(port)], log)
     launched = Launched(setup, f"http://127.0.0.1:{port}", proc, log)
-    _wait(launched, lambda: (http_get(f"{launched.url}/health") or (0, b""))[0] == 200, 30.0)
+    _wait(launched, lambda: http_ok(f"{launched.url}/health"), 30.0)
     return launched
 
 
