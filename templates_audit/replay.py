@@ -54,11 +54,6 @@ class Replay:
         # A bounded pool is replayed block by block when exactness is asked for.
         self._lazy = cache.num_blocks is None or not exact
 
-    def _fresh(self, head: Head, shared: int) -> bool:
-        if not self._lazy or head.refreshed_at < 0 or shared > head.fresh_blocks:
-            return False
-        return self._window is None or self.allocated - head.refreshed_at < self._window
-
     def serve(self, head: Head, shared: int, tail: list[int], num_tokens: int) -> int:
         """Serve a request whose hashes are ``head.hashes[:shared] + tail``; its hit tokens."""
         cache = self.cache
@@ -67,7 +62,8 @@ class Replay:
         if capped < shared:
             tail = head.hashes[capped:shared] + tail
             shared = capped
-        # _fresh(head, shared), inlined: this runs twice per audited request.
+        # Are the head's first `shared` blocks still provably cached (see the module docstring)?
+        # Written out here rather than in a helper: this runs twice per audited request.
         window = self._window
         if (shared and self._lazy and 0 <= head.refreshed_at and shared <= head.fresh_blocks
                 and (window is None or self.allocated - head.refreshed_at < window)):
