@@ -36,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from templates_audit.blocks import PrefixCache, block_hashes, hit_rate
-from templates_audit.findings import Span, diff_bounds, diff_spans
+from templates_audit.findings import Span, changed_lines, diff_bounds, diff_spans
 from templates_audit.grouping import TemplateIndex
 from templates_audit.model import BadLine, Finding, Report, Role, Summary, Template
 from templates_audit.prompts import Prompt, PromptBuilder, prepare
@@ -333,10 +333,7 @@ def _splice_ids(tokenizer: Tokenizer, tpl: TemplateState, text: str,
     tokenised. A test checks this against ``encode`` on random edits.
     """
     ref = tpl.static_text
-    p, s = bounds
-    lo = ref.rfind("\n", 0, p) + 1  # start of the first differing line (same in text)
-    hi = ref.find("\n", len(ref) - s)  # the newline ending the last differing line of ref
-    hi = len(ref) if hi < 0 else hi
+    lo, hi = changed_lines(ref, bounds)
     offs, ref_ids = tpl.offsets, tpl.static_ids
     head = ref_ids[: bisect.bisect_left(offs, lo)]
     head += tokenizer.encode(text[lo:len(text) - (len(ref) - hi)])

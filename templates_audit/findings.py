@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 from templates_audit.detectors import Kind, Match, classify, scan
 
-__all__ = ["Span", "common_prefix", "common_suffix", "diff_bounds", "diff_spans", "line_matches",
-           "line_spans"]
+__all__ = ["Span", "changed_lines", "common_prefix", "common_suffix", "diff_bounds", "diff_spans",
+           "line_matches", "line_spans"]
 
 _WORDS = re.compile(r"\w+|\s+|[^\w\s]")
 _JOINERS = frozenset("-_:.@+#'")  # characters that glue one value together ("2024-05-20", "a.b@c")
@@ -56,10 +56,7 @@ def diff_spans(ref: str, req: str, bounds: tuple[int, int] | None = None) -> lis
     if ref == req:
         return []
     # Only the lines between the first and the last differing character need a diff.
-    p, s = bounds if bounds is not None else diff_bounds(ref, req)
-    lo = ref.rfind("\n", 0, p) + 1
-    hi = ref.find("\n", len(ref) - s)
-    hi = len(ref) if hi < 0 else hi
+    lo, hi = changed_lines(ref, bounds if bounds is not None else diff_bounds(ref, req))
     tail = len(ref) - hi
     return [Span(sp.ref_start + lo, sp.ref_end + lo, sp.start + lo, sp.end + lo, sp.kind,
                  sp.multi_line)
@@ -70,6 +67,16 @@ def diff_bounds(ref: str, req: str) -> tuple[int, int]:
     """(common prefix, common suffix no longer than what the prefix leaves) of two texts."""
     p = common_prefix(ref, req)
     return p, common_suffix(ref, req, min(len(ref), len(req)) - p)
+
+
+def changed_lines(ref: str, bounds: tuple[int, int]) -> tuple[int, int]:
+    """``(lo, hi)``: ``ref[lo:hi]`` is the whole lines holding every difference located by
+    ``bounds`` (:func:`diff_bounds`). ``lo`` starts the first differing line and ``hi`` is the
+    newline ending the last one (or ``len(ref)``); both texts agree on ``[:lo]`` and on the last
+    ``len(ref) - hi`` characters."""
+    p, s = bounds
+    hi = ref.find("\n", len(ref) - s)
+    return ref.rfind("\n", 0, p) + 1, len(ref) if hi < 0 else hi
 
 
 def _diff_lines(ref: str, req: str) -> list[Span]:
