@@ -170,6 +170,14 @@ class RequestHandle:
         return self._engine.abort(self._seq)
 
 
+def _output_ids(out: Sequence[int], start: int, n: int) -> list[int]:
+    """Generated tokens ``start .. start + n`` of a reply whose ids are ``out``, padded with 0:
+    padding keeps block hashes defined when the text tokenised shorter than max_tokens."""
+    ids = list(out[start:start + n])
+    ids += [0] * (n - len(ids))
+    return ids
+
+
 class Engine:
     """One replica's scheduler. `start()` runs the real-time loop; a discrete-event driver can
     instead call `schedule()`, advance its own clock by `timing.step_seconds(...)` and `apply()`
@@ -260,9 +268,7 @@ class Engine:
         full = (total - 1) // bs   # the last token's KV is never computed
         if len(hashes) < full:
             start = len(hashes) * bs
-            gen = list(req.output_ids[: req.max_tokens])
-            # Padding keeps block hashes defined when the text tokenised shorter.
-            gen += [0] * (req.max_tokens - len(gen))
+            gen = _output_ids(req.output_ids, 0, req.max_tokens)
             more = [*prompt[start:], *gen][: full * bs - start]
             hashes = [*hashes, *block_hashes(more, bs, parent=hashes[-1] if hashes else None)]
         elif len(hashes) > full:
@@ -319,11 +325,7 @@ class Engine:
         out = seq.req.output_ids
         need = seq.num_tokens - len(seq.ids)
         if need > 0:
-            start = len(seq.ids) - seq.prompt_len
-            new = list(out[start:start + need])
-            # Padding keeps block hashes defined when the text tokenised shorter than max_tokens.
-            new += [0] * (need - len(new))
-            seq.ids.extend(new)
+            seq.ids.extend(_output_ids(out, len(seq.ids) - seq.prompt_len, need))
 
     def _hashes_upto(self, seq: _Seq, num_tokens: int) -> list[int]:
         bs = self.limits.block_size
