@@ -131,18 +131,22 @@ class Prompter:
             prefixes.put(tuple(pieces[:j]), _Prefix(out, hashes, n), len(out))
         return out, hashes
 
-    # -- public --------------------------------------------------------------------------------
-    def ids(self, job: Job) -> list[int]:
+    def _whole_ids(self, job: Job) -> list[int]:
+        """The prompt's ids by rendering and tokenising it whole (no piece assembly)."""
         if job.kind is Kind.CHAT:
-            pieces = self._pieces(job)
-            if pieces is not None:
-                return list(self._assemble(pieces)[0])
             text = self.renderer.render(list(job.messages), list(job.tools) if job.tools else None,
                                         True, **(job.template_kwargs or {}))
             return self.tokenizer.encode(text)
         if job.prompt_ids is not None:
             return list(job.prompt_ids)
         return self.tokenizer.encode(job.prompt_text or "")
+
+    # -- public --------------------------------------------------------------------------------
+    def ids(self, job: Job) -> list[int]:
+        pieces = self._pieces(job)
+        if pieces is not None:
+            return list(self._assemble(pieces)[0])
+        return self._whole_ids(job)
 
     def prompt(self, job: Job, body: bytes) -> Prompt:
         key = xxhash.xxh3_128_digest(body)
@@ -154,7 +158,7 @@ class Prompter:
         if pieces is not None:
             ids, hashes = self._assemble(pieces)
         else:
-            ids = tuple(self.ids(job))
+            ids = tuple(self._whole_ids(job))
             hashes = tuple(block_hashes(ids, self.block_size))
         # The chained hashes already summarise the full blocks; only the tail needs hashing.
         tail = ids[len(hashes) * self.block_size:]
