@@ -36,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from templates_audit.blocks import PrefixCache, block_hashes, hit_rate
-from templates_audit.findings import Span, changed_lines, diff_bounds, diff_spans
+from templates_audit.findings import Span, changed_range, diff_spans
 from templates_audit.grouping import TemplateIndex
 from templates_audit.model import BadLine, Finding, Report, Role, Summary, Template
 from templates_audit.prompts import Prompt, PromptBuilder, prepare
@@ -128,7 +128,7 @@ class Auditor:
             entry = None
         offsets: list[int] | None = None
         found: tuple[TemplateState | None, str] | None = None
-        bounds: tuple[int, int] | None = None
+        lines: tuple[int, int] | None = None
         if self._line_tokenizer and (end == 0 or prompt.text[end - 1] == "\n"):
             # No default-tokenizer token crosses a newline: static part and tail tokenise apart.
             if entry is not None:
@@ -138,8 +138,8 @@ class Auditor:
                     found = self._find(record, static_text, key)
                     tpl = found[0]
                 if tpl is not None and (not tpl.static_text or tpl.static_text[-1] == "\n"):
-                    bounds = diff_bounds(tpl.static_text, static_text)
-                    static_ids = _splice_ids(self.tokenizer, tpl, static_text, bounds)
+                    lines = changed_range(tpl.static_text, static_text)
+                    static_ids = _splice_ids(self.tokenizer, tpl, static_text, lines)
                 else:
                     static_ids = self.tokenizer.encode(static_text)
             tail_ids = self.tokenizer.encode(prompt.text[end:])
@@ -152,7 +152,7 @@ class Auditor:
         if tpl is None:
             tpl = self._template(record, prompt, static_ids, offsets, key, found)
         if entry is None:
-            entry = self._static_entry(tpl, static_text, static_ids, key, bounds)
+            entry = self._static_entry(tpl, static_text, static_ids, key, lines)
         tpl.requests += 1
         self.requests += 1
         self.prompt_tokens += len(static_ids) + len(tail_ids)
@@ -161,7 +161,7 @@ class Auditor:
         self._feed_caches(tpl, entry, tail_ids)
 
     def _static_entry(self, tpl: TemplateState, text: str, ids: list[int], key: int,
-                      bounds: tuple[int, int] | None = None) -> StaticPart:
+                      lines: tuple[int, int] | None = None) -> StaticPart:
         """Tokens, block hashes and diff of one distinct static part, kept for its repeats."""
         bs = self.block_size
         head = tpl.head.hashes
@@ -170,7 +170,7 @@ class Auditor:
         else:
             prefix = head[:_shared_blocks(ids, tpl.static_ids, len(head), bs)]
             hashes = prefix + _chain(prefix, ids[len(prefix) * bs:], bs)
-            entry = StaticPart(text, ids, Head(hashes), diff_spans(tpl.static_text, text, bounds))
+            entry = StaticPart(text, ids, Head(hashes), diff_spans(tpl.static_text, text, lines))
         self._static_lru[key] = entry
         if len(self._static_lru) > STATIC_CACHE:
             self._static_lru.popitem(last=False)
@@ -323,17 +323,17 @@ def _chain(before: list[int], ids: list[int], bs: int) -> list[int]:
 
 
 def _splice_ids(tokenizer: Tokenizer, tpl: TemplateState, text: str,
-                bounds: tuple[int, int]) -> list[int]:
+                lines: tuple[int, int]) -> list[int]:
     """``tokenizer.encode(text)`` for the default tokenizer, reusing the reference's tokens.
 
-    ``text`` and the reference (whose static part ends with a newline, or is empty) share
-    ``bounds = (p, s)`` characters at the start and the end. No default-tokenizer token crosses
-    a newline, so the tokens of the whole lines before the first difference and of everything
-    from the newline after the last one are the reference's; only the lines in between are
+    ``text`` and the reference (whose static part ends with a newline, or is empty) agree but
+    on the reference's lines ``lines = (lo, hi)`` (:func:`.findings.changed_range`). No
+    default-tokenizer token crosses a newline, so the tokens of the whole lines before ``lo`` and
+    of everything from the newline at ``hi`` are the reference's; only the lines in between are
     tokenised. A test checks this against ``encode`` on random edits.
     """
     ref = tpl.static_text
-    lo, hi = changed_lines(ref, bounds)
+    lo, hi = lines
     offs, ref_ids = tpl.offsets, tpl.static_ids
     head = ref_ids[: bisect.bisect_left(offs, lo)]
     head += tokenizer.encode(text[lo:len(text) - (len(ref) - hi)])

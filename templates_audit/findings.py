@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 from templates_audit.detectors import Kind, Match, classify, scan
 
-__all__ = ["Span", "changed_lines", "common_prefix", "common_suffix", "diff_bounds", "diff_spans",
-           "line_matches", "line_spans"]
+__all__ = ["Span", "changed_lines", "changed_range", "common_prefix", "common_suffix", "diff_bounds",
+           "diff_spans", "line_matches", "line_spans"]
 
 _WORDS = re.compile(r"\w+|\s+|[^\w\s]")
 _JOINERS = frozenset("-_:.@+#'")  # characters that glue one value together ("2024-05-20", "a.b@c")
@@ -50,13 +50,13 @@ def _line_starts(lines: list[str]) -> list[int]:
     return [0, *itertools.accumulate(len(line) + 1 for line in lines[:-1])]
 
 
-def diff_spans(ref: str, req: str, bounds: tuple[int, int] | None = None) -> list[Span]:
-    """Spans where ``req`` differs from ``ref`` (see the module docstring). ``bounds``: the
-    ``(p, s)`` of :func:`diff_bounds` when the caller already has them."""
+def diff_spans(ref: str, req: str, lines: tuple[int, int] | None = None) -> list[Span]:
+    """Spans where ``req`` differs from ``ref`` (see the module docstring). ``lines``: the
+    ``(lo, hi)`` of :func:`changed_range` when the caller already has them."""
     if ref == req:
         return []
     # Only the lines between the first and the last differing character need a diff.
-    lo, hi = changed_lines(ref, bounds if bounds is not None else diff_bounds(ref, req))
+    lo, hi = lines if lines is not None else changed_range(ref, req)
     tail = len(ref) - hi
     return [Span(sp.ref_start + lo, sp.ref_end + lo, sp.start + lo, sp.end + lo, sp.kind,
                  sp.multi_line)
@@ -77,6 +77,22 @@ def changed_lines(ref: str, bounds: tuple[int, int]) -> tuple[int, int]:
     p, s = bounds
     hi = ref.find("\n", len(ref) - s)
     return ref.rfind("\n", 0, p) + 1, len(ref) if hi < 0 else hi
+
+
+def changed_range(ref: str, req: str) -> tuple[int, int]:
+    """``changed_lines(ref, diff_bounds(ref, req))`` without the long common-suffix search when
+    every difference lies in one line (the common case: a value changed): after the common
+    prefix ``p``, if both texts continue equally from the newline that ends ``p``'s line, the
+    common suffix starts inside that line, so ``hi`` is that newline. A test checks this
+    against the character-level computation on random edits."""
+    p = common_prefix(ref, req)
+    lo = ref.rfind("\n", 0, p) + 1
+    end_a, end_b = ref.find("\n", p), req.find("\n", p)
+    if end_a < 0 and end_b < 0:  # the differences are in the last line
+        return lo, len(ref)
+    if 0 <= end_a and 0 <= end_b and len(ref) - end_a == len(req) - end_b and ref.endswith(req[end_b:]):
+        return lo, end_a
+    return changed_lines(ref, (p, common_suffix(ref, req, min(len(ref), len(req)) - p)))
 
 
 def _diff_lines(ref: str, req: str) -> list[Span]:
@@ -224,8 +240,16 @@ def _spans(a: str, b: str, runs: list[list[int]]) -> tuple[Span, ...]:
 
 
 def common_prefix(a: str, b: str) -> int:
-    """Length of the common prefix (binary search on slice equality: C-speed compares)."""
+    """Length of the common prefix (C-speed slice compares: galloping from the start — texts
+    usually differ near the top — then binary search)."""
     lo, hi = 0, min(len(a), len(b))
+    step = 64
+    while step < hi:
+        if a[:step] != b[:step]:
+            hi = step - 1
+            break
+        lo = step
+        step *= 2
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if a[:mid] == b[:mid]:

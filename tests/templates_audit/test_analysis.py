@@ -248,7 +248,7 @@ def test_spliced_static_tokens_equal_a_fresh_tokenisation() -> None:
     """A new static part of a known template reuses the reference's tokens around the lines
     that differ (analysis._splice_ids); the result must be exactly encode()'s."""
     from templates_audit.analysis import _splice_ids
-    from templates_audit.findings import diff_bounds
+    from templates_audit.findings import changed_range
 
     tok = default_tokenizer()
     rng = random.Random(11)
@@ -273,5 +273,5 @@ def test_spliced_static_tokens_equal_a_fresh_tokenisation() -> None:
                 else:
                     edited[i] = edited[i][: rng.randrange(len(edited[i]) + 1)] + rng.choice(pool)
         text = "\n".join(edited) + "\n"
-        got = _splice_ids(tok, tpl, text, diff_bounds(tpl.static_text, text))
+        got = _splice_ids(tok, tpl, text, changed_range(tpl.static_text, text))
         assert got == tok.encode(text), (ref, text)
