@@ -175,7 +175,7 @@ def parse_record(raw: bytes, file: str = "<input>", line: int = 0, *, max_depth:
     except ValueError as exc:
         raise _Bad(f"invalid JSON: {exc}") from None
     # Cheap bound first: a line with fewer brackets than the limit cannot nest deeper.
-    if raw.count(b"[") + raw.count(b"{") > max_depth and _too_deep(obj, max_depth):
+    if _more_brackets(raw, max_depth) and _too_deep(obj, max_depth):
         raise _Bad(f"nested deeper than {max_depth} levels")
     if not isinstance(obj, dict):
         raise _Bad(f"expected a JSON object, got {type(obj).__name__}")
@@ -196,6 +196,21 @@ def _loads(text: str) -> Any:
     if end != len(text) and text[end:].strip(_JSON_SPACE):
         return json.loads(text)  # extra data: raise json.loads's own error
     return obj
+
+
+def _more_brackets(raw: bytes, limit: int) -> bool:
+    """``raw.count(b"[") + raw.count(b"{") > limit``, stopping at ``limit + 1``: ``find`` skips
+    to each bracket (memchr speed), so a request with a handful of brackets costs a handful
+    of calls instead of two byte-by-byte counts of the whole line."""
+    n = 0
+    for bracket in (b"[", b"{"):
+        k = raw.find(bracket)
+        while k >= 0:
+            n += 1
+            if n > limit:
+                return True
+            k = raw.find(bracket, k + 1)
+    return False
 
 
 def _too_deep(obj: Any, limit: int) -> bool:

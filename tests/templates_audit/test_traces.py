@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -123,3 +124,13 @@ def test_over_long_line_is_a_bad_line_with_its_number(tmp_path: Path) -> None:
     items = list(iter_trace([str(f)], max_line_bytes=1024))
     assert [type(i).__name__ for i in items] == ["Record", "BadLine", "Record"]
     assert items[1].line == 2 and "longer than 1024" in items[1].error  # type: ignore[union-attr]
+
+
+def test_more_brackets_equals_counting() -> None:
+    from templates_audit.traces import _more_brackets
+
+    rng = random.Random(3)
+    for _ in range(3000):
+        raw = bytes(rng.choice(b"[{}]a\"\\ ") for _ in range(rng.randrange(0, 200)))
+        limit = rng.randrange(0, 40)
+        assert _more_brackets(raw, limit) == (raw.count(b"[") + raw.count(b"{") > limit)
