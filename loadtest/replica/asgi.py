@@ -4,14 +4,13 @@ The replica is a raw ASGI app rather than a framework app because it must (a) st
 request (the ``--instant`` replica has to outrun the router several times over), (b) notice a
 client that goes away while a request waits in the engine (`race_disconnect`), and (c) be able
 to cut a connection without a terminating chunk (`AbruptClose`: raised after the response has
-started, uvicorn then drops the connection; a log filter keeps that expected event quiet).
+started, the server then drops the connection; `httpd` does not log it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
@@ -36,16 +35,6 @@ class AbruptClose(Exception):
 
 class BodyTooLarge(Exception):
     pass
-
-
-class _QuietAbruptClose(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exc, AbruptClose | ClientGone)
-
-
-def install_log_filter() -> None:
-    logging.getLogger("uvicorn.error").addFilter(_QuietAbruptClose())
 
 
 async def read_body(receive: Receive) -> bytes:

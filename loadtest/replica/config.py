@@ -54,7 +54,7 @@ class ReplicaConfig:
     fault_stop_after: int | None = _opt(
         None, "close the connection abruptly after K stream chunks")
     fault_exit_after: int | None = _opt(None, "exit the process when request N arrives")
-    log_level: str = _opt("warning", "uvicorn log level")
+    log_level: str = _opt("warning", "log level (debug, info, warning, error, critical)")
 
     def __post_init__(self) -> None:
         checks = {
@@ -67,12 +67,14 @@ class ReplicaConfig:
             "fault_slow": self.fault_slow > 0,
             "fault_error_rate": 0 <= self.fault_error_rate <= 1,
             "fault_hang_rate": 0 <= self.fault_hang_rate <= 1,
+            "log_level": self.log_level.lower() in LOG_LEVELS,
         }
         for key, ok in checks.items():
             if not ok:
                 raise ValueError(f"{key}: invalid value {getattr(self, key)!r}")
 
 
+LOG_LEVELS = frozenset({"debug", "info", "warning", "error", "critical"})
 _FIELDS = {f.name: f for f in dataclasses.fields(ReplicaConfig)}
 _TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
 

@@ -138,5 +138,5 @@ def test_stop_also_ends_a_sigstopped_replica() -> None:
     t0 = time.monotonic()
     fleet.stop()
     assert not pid_alive(pid)
-    assert fleet.returncode(0) == -signal.SIGTERM   # uvicorn re-raises TERM after a clean stop
+    assert fleet.returncode(0) == -signal.SIGTERM   # the replica re-raises TERM after a clean stop
     assert time.monotonic() - t0 < 9         # did not sit out the whole grace period
