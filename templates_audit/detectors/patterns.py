@@ -64,6 +64,9 @@ WEEKDAY = (
     r"(?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday"
     r"|Mon\.?|Tues\.?|Tue\.?|Wed\.?|Thurs\.?|Thur\.?|Thu\.?|Fri\.?|Sat\.?|Sun\.?)"
 )
+# Gates (substrings every match holds): the first letters of every alternative above.
+MONTH_GATE = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+WEEKDAY_GATE = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 YEAR = r"(?:19|20|21)\d\d(?!\d)"
 DAY = r"(?P<d>\d\d?)(?:st|nd|rd|th)?"
 _CJK_WEEKDAY = rf"(?:\s*[（(]?(?:星期|礼拜|周|週)[一二三四五六日天][)）]?|\s*\({WEEKDAY}\))?"
@@ -141,6 +144,7 @@ MONTH_NAME_DATE = Detector(
     h.day_ok,
     WORD,
     priority=20,
+    gate=MONTH_GATE,
     min_run=4,
 )
 CJK_DATE = Detector(
@@ -186,6 +190,7 @@ WEEKDAY_ANCHOR = Detector(
     reject_after=WORD,
     anchor=True,
     priority=45,
+    gate=WEEKDAY_GATE,
     min_run=4,
 )
 # Per-release and per-year values: the value first, the cue checked on the left context.
@@ -206,6 +211,7 @@ MONTH_YEAR = Detector(
     h.now_cue_ok,
     WORD,
     priority=26,
+    gate=MONTH_GATE,
     min_run=4,
 )
 CURRENT_YEAR_D = Detector(
@@ -304,6 +310,8 @@ NAME = Detector(
     ),
     h.name_ok,
     priority=60,
+    # every cue above holds one of these: (n|N)ame, (y|Y)ou, (u|U)ser, Customer, He(llo|y), Hi, Dear
+    gate=("ame", "ou", "ser", "Customer", "He", "Hi", "Dear"),
 )
 SECRET = Detector(
     "api_key",
