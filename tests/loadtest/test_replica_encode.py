@@ -1,9 +1,14 @@
-"""The replica's pre-encoded response JSON is byte for byte the compact json.dumps of its dicts."""
+"""The replica's pre-encoded response JSON is byte for byte the compact json.dumps of its dicts;
+request bodies decode the same with orjson (the `fast` extra) as with the stdlib."""
 
 from __future__ import annotations
 
+import json
 import random
 
+import pytest
+
+from loadtest.replica import asgi
 from loadtest.replica import openai_api as api
 from loadtest.replica.asgi import dumps
 from loadtest.replica.openai_api import Envelope, Kind, StreamEncoder
@@ -33,3 +38,21 @@ def test_full_responses_and_chunks_encode_like_json_dumps() -> None:
                             == dumps(api.chunk(kind, env, t, fr, role=role)))
         assert (enc.usage_chunk(api.encode_usage(p, c, cached)).encode()
                 == dumps(api.usage_chunk(kind, env, usage)))
+
+
+BODIES = [b'{"model":"m","messages":[{"role":"user","content":"h\\u00e9llo \\ud83d\\ude00 \\n"}]}',
+          b'{"prompt":[1,2,3],"max_tokens":4,"temperature":0.5,"stream":true,"x":null}',
+          b'  {"a": {"b": [1.5e3, -2, "\\"q\\""]}}  ', "{\"é\": \"ü\"}".encode()]
+INVALID = [b"{", b'{"a":}', b"[1,]", b"\xff\xfe", b'{"a":1} extra']
+
+
+@pytest.mark.parametrize("use_stdlib", [False, True])
+def test_request_bodies_parse_the_same_with_orjson_and_the_stdlib(
+        use_stdlib: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if use_stdlib:
+        monkeypatch.setattr(asgi, "_loads", json.loads)
+    assert [asgi.parse_json(b) for b in BODIES] == [json.loads(b) for b in BODIES]
+    assert asgi.parse_json(b"") == {}
+    for bad in INVALID:
+        with pytest.raises(ValueError):
+            asgi.parse_json(bad)
