@@ -35,7 +35,7 @@ import functools
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from templates_audit.blocks import PrefixCache, block_hashes, hit_rate
+from templates_audit.blocks import NONE_HASH, PrefixCache, block_hashes, chain_blocks, hit_rate
 from templates_audit.findings import Span, changed_range, diff_spans
 from templates_audit.grouping import TemplateIndex
 from templates_audit.model import BadLine, Finding, Report, Role, Summary, Template
@@ -129,6 +129,7 @@ class Auditor:
         offsets: list[int] | None = None
         found: tuple[TemplateState | None, str] | None = None
         lines: tuple[int, int] | None = None
+        same_from: int | None = None
         if self._line_tokenizer and (end == 0 or prompt.text[end - 1] == "\n"):
             # No default-tokenizer token crosses a newline: static part and tail tokenise apart.
             if entry is not None:
@@ -139,7 +140,7 @@ class Auditor:
                     tpl = found[0]
                 if tpl is not None and (not tpl.static_text or tpl.static_text[-1] == "\n"):
                     lines = changed_range(tpl.static_text, static_text)
-                    static_ids = _splice_ids(self.tokenizer, tpl, static_text, lines)
+                    static_ids, same_from = _splice_ids(self.tokenizer, tpl, static_text, lines)
                 else:
                     static_ids = self.tokenizer.encode(static_text)
             tail_ids = self.tokenizer.encode(prompt.text[end:])
@@ -152,7 +153,7 @@ class Auditor:
         if tpl is None:
             tpl = self._template(record, prompt, static_ids, offsets, key, found)
         if entry is None:
-            entry = self._static_entry(tpl, static_text, static_ids, key, lines)
+            entry = self._static_entry(tpl, static_text, static_ids, key, lines, same_from)
         tpl.requests += 1
         self.requests += 1
         self.prompt_tokens += len(static_ids) + len(tail_ids)
@@ -161,15 +162,26 @@ class Auditor:
         self._feed_caches(tpl, entry, tail_ids)
 
     def _static_entry(self, tpl: TemplateState, text: str, ids: list[int], key: int,
-                      lines: tuple[int, int] | None = None) -> StaticPart:
-        """Tokens, block hashes and diff of one distinct static part, kept for its repeats."""
+                      lines: tuple[int, int] | None = None,
+                      same_from: int | None = None) -> StaticPart:
+        """Tokens, block hashes and diff of one distinct static part, kept for its repeats.
+        ``same_from``: ``ids[same_from:]`` are the reference's own last tokens (the splice)."""
         bs = self.block_size
         head = tpl.head.hashes
         if text == tpl.static_text:
             entry = StaticPart(text, tpl.static_ids, tpl.head, [])
         else:
             prefix = head[:_shared_blocks(ids, tpl.static_ids, len(head), bs)]
-            hashes = prefix + _chain(prefix, ids[len(prefix) * bs:], bs)
+            start = len(prefix) * bs
+            if same_from is not None and len(ids) == len(tpl.static_ids):
+                # From block `reuse` on, this static part's blocks are the reference's tokens at
+                # the same positions (the edit kept the token count): chain over the
+                # reference's block tuples instead of cutting new ones.
+                reuse = max(-(-same_from // bs), len(prefix))
+                hashes = prefix + _chain(prefix, ids[start:reuse * bs], bs)
+                hashes += chain_blocks(tpl.blocks(bs)[reuse:], hashes[-1] if hashes else NONE_HASH)
+            else:
+                hashes = prefix + _chain(prefix, ids[start:], bs)
             entry = StaticPart(text, ids, Head(hashes), diff_spans(tpl.static_text, text, lines))
         self._static_lru[key] = entry
         if len(self._static_lru) > STATIC_CACHE:
@@ -323,22 +335,24 @@ def _chain(before: list[int], ids: list[int], bs: int) -> list[int]:
 
 
 def _splice_ids(tokenizer: Tokenizer, tpl: TemplateState, text: str,
-                lines: tuple[int, int]) -> list[int]:
+                lines: tuple[int, int]) -> tuple[list[int], int]:
     """``tokenizer.encode(text)`` for the default tokenizer, reusing the reference's tokens.
 
     ``text`` and the reference (whose static part ends with a newline, or is empty) agree but
     on the reference's lines ``lines = (lo, hi)`` (:func:`.findings.changed_range`). No
     default-tokenizer token crosses a newline, so the tokens of the whole lines before ``lo`` and
     of everything from the newline at ``hi`` are the reference's; only the lines in between are
-    tokenised. A test checks this against ``encode`` on random edits.
+    tokenised. Also returns where the reference's reused last tokens start in the result. A
+    test checks this against ``encode`` on random edits.
     """
     ref = tpl.static_text
     lo, hi = lines
     offs, ref_ids = tpl.offsets, tpl.static_ids
     head = ref_ids[: bisect.bisect_left(offs, lo)]
     head += tokenizer.encode(text[lo:len(text) - (len(ref) - hi)])
+    same_from = len(head)
     head += ref_ids[bisect.bisect_left(offs, hi):]
-    return head
+    return head, same_from
 
 
 def _shared_blocks(ids: list[int], ref: list[int], limit: int, bs: int) -> int:

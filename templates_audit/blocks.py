@@ -44,7 +44,7 @@ from typing import cast
 
 import xxhash
 
-__all__ = ["NONE_HASH", "Allocation", "PrefixCache", "block_hashes", "hit_rate"]
+__all__ = ["NONE_HASH", "Allocation", "PrefixCache", "block_hashes", "chain_blocks", "hit_rate"]
 
 NONE_HASH = 0x5F3759DF_2B992DDF  # seed of the first block when no cache salt is given
 
@@ -71,12 +71,20 @@ def block_hashes(
     if len(token_ids) < block_size:
         return []
     h = _first_seed(salt) if parent is None else parent
-    out: list[int] = []
-    append = out.append
     # zip over block_size references to one iterator yields the full blocks as tuples (in C);
     # a partial last block is dropped.
     it = iter(token_ids)
-    for block in zip(*([it] * block_size), strict=False):
+    return chain_blocks(zip(*([it] * block_size), strict=False), h)
+
+
+def chain_blocks(blocks: Iterable[tuple[int, ...]], parent: int) -> list[int]:
+    """The chain step of :func:`block_hashes` over ready-made block tuples: ``parent`` is the
+    hash of the block before the first (``NONE_HASH`` or the salted seed for a new chain). A
+    caller that already holds the tuples (a reference prompt's) saves building them again."""
+    h = parent
+    out: list[int] = []
+    append = out.append
+    for block in blocks:
         h = hash((h, block))
         append(h)
     return out

@@ -273,5 +273,31 @@ def test_spliced_static_tokens_equal_a_fresh_tokenisation() -> None:
                 else:
                     edited[i] = edited[i][: rng.randrange(len(edited[i]) + 1)] + rng.choice(pool)
         text = "\n".join(edited) + "\n"
-        got = _splice_ids(tok, tpl, text, changed_range(tpl.static_text, text))
+        got, same_from = _splice_ids(tok, tpl, text, changed_range(tpl.static_text, text))
         assert got == tok.encode(text), (ref, text)
+        assert got[same_from:] == tpl.static_ids[len(tpl.static_ids) - len(got) + same_from:]
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_static_part_hashes_equal_a_fresh_chain(block_size: int) -> None:
+    """A new static part's block hashes (shared head, spliced tokens, the reference's block
+    tuples reused after an edit that keeps the token count) equal block_hashes of its tokens."""
+    tok = default_tokenizer()
+    rng = random.Random(block_size)
+    lines = [f"Rule {i}: answer about topic {i % 7} in plain words." for i in range(40)]
+    auditor = Auditor(block_size=block_size)
+    for n in range(300):
+        edited = list(lines)
+        for _ in range(rng.randrange(1, 3)):
+            i = rng.randrange(len(edited))
+            if rng.random() < 0.7:  # a value of the same shape: the token count is kept
+                edited[i] = f"Request time: 2025-05-20T{rng.randrange(24):02d}:{rng.randrange(60):02d}Z"
+            else:
+                edited[i] = edited[i] + " and more" * rng.randrange(3)
+        auditor.add(Record("t", n, messages=[{"role": "system", "content": "\n".join(edited)},
+                                             {"role": "user", "content": f"q{n}"}]))
+    entries = list(auditor._static_lru.values())
+    assert len(entries) > 100
+    for entry in entries:
+        assert entry.ids == tok.encode(entry.text)
+        assert entry.head.hashes == block_hashes(entry.ids, block_size)
