@@ -66,14 +66,19 @@ class OverheadConfig:
     paced_requests: int = 480
 
 
-def _requests(n: int, stream: bool, max_tokens: int) -> list[Request]:
+def chat_body(stream: bool, max_tokens: int) -> dict[str, Any]:
+    """The one request body of the overhead runs (also `scripts/bench_replica.py --workload
+    fixed`): a ~1.5k-character system prompt and a short user turn."""
     import random
 
     system = "You are the ACME help desk assistant.\n" + synthetic_text(random.Random(7), 260)
-    body: dict[str, Any] = {"model": "sim-model", "max_tokens": max_tokens, "temperature": 0,
-                            "stream": stream,
-                            "messages": [{"role": "system", "content": system},
-                                         {"role": "user", "content": "How do I reset my password?"}]}
+    return {"model": "sim-model", "max_tokens": max_tokens, "temperature": 0, "stream": stream,
+            "messages": [{"role": "system", "content": system},
+                         {"role": "user", "content": "How do I reset my password?"}]}
+
+
+def _requests(n: int, stream: bool, max_tokens: int) -> list[Request]:
+    body = chat_body(stream, max_tokens)
     return [Request(i, 0.0, CHAT, body, group="fixed") for i in range(n)]
 
 

@@ -11,8 +11,16 @@ Starts two instant replicas (`Fleet(replicas=2, instant=True)`, one process each
 replica 1), each non-streamed and streamed. A cell is a closed loop of ``--concurrency`` (16)
 aiohttp coroutines sending ``--requests`` chat requests in all and reading every body to the end.
 
-Requests are realistic for a prefix-cached fleet: one ~850-token system prompt shared by all, a
-unique user turn each, ``max_tokens`` 16 (streamed: ``stream_options.include_usage``).
+Two workloads (``--workload``, default both):
+
+* ``unique`` - realistic for a prefix-cached fleet: one ~850-token system prompt shared by all, a
+  unique user turn each (a ticket number and a random hex id), so every request is rendered,
+  tokenised and hashed past the system prompt;
+* ``fixed`` - the body the router-overhead benchmark (`prefix-loadtest overhead`, `make bench`)
+  sends again and again (`loadtest.overhead.chat_body`: a ~1.5k-character system prompt and a
+  short user turn), which the replica answers from its per-body memo.
+
+Both use ``max_tokens`` 16 (streamed: ``stream_options.include_usage``).
 
 What is reported per cell: requests/s (wall clock: depends on how busy the shared box is) and
 **CPU per request** = utime+stime (``/proc/<pid>/stat``) of the server process over the cell,
@@ -44,6 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from loadtest._net import free_port, http_get
 from loadtest.fleet import Fleet
+from loadtest.overhead import chat_body
 from loadtest.setups import cpu_seconds
 from loadtest.workloads import synthetic_text
 
@@ -55,8 +64,13 @@ def system_prompt() -> str:
             + synthetic_text(random.Random(7), SYSTEM_WORDS))
 
 
-def body(i: int, stream: bool, system: str) -> bytes:
-    obj: dict[str, Any] = {
+def body(i: int, stream: bool, system: str, workload: str = "unique") -> bytes:
+    if workload == "fixed":
+        obj = chat_body(stream, 16)
+        if stream:
+            obj["stream_options"] = {"include_usage": True}
+        return json.dumps(obj).encode()
+    obj = {
         "model": "sim-model", "max_tokens": 16, "temperature": 0, "stream": stream,
         "messages": [{"role": "system", "content": system},
                      {"role": "user", "content": f"Ticket {i} ({random.getrandbits(48):x}): "
@@ -69,6 +83,7 @@ def body(i: int, stream: bool, system: str) -> bytes:
 @dataclass
 class Cell:
     target: str     # "replica", "router" or "baseline"
+    workload: str   # "unique" or "fixed"
     mode: str       # "plain" or "stream"
     requests: int = 0
     errors: int = 0
@@ -117,8 +132,9 @@ async def closed_loop(url: str, bodies: list[bytes], concurrency: int) -> tuple[
 def run_cell(cell: Cell, url: str, pid: int, backend_pid: int | None, n: int, concurrency: int,
              system: str, warmup: int = 200) -> None:
     stream = cell.mode == "stream"
-    asyncio.run(closed_loop(url, [body(i, stream, system) for i in range(warmup)], concurrency))
-    bodies = [body(i, stream, system) for i in range(n)]
+    asyncio.run(closed_loop(url, [body(i, stream, system, cell.workload) for i in range(warmup)],
+                            concurrency))
+    bodies = [body(i, stream, system, cell.workload) for i in range(n)]
     c0 = cpu_seconds(pid)
     b0 = cpu_seconds(backend_pid) if backend_pid else 0.0
     ok, errors, wall = asyncio.run(closed_loop(url, bodies, concurrency))
@@ -173,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=2000, help="requests per cell and round")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--workload", choices=["unique", "fixed", "both"], default="both")
     p.add_argument("--skip-router", action="store_true", help="measure the replica only")
     p.add_argument("--baseline", metavar="DIR",
                    help="also measure an instant replica run from this source tree")
@@ -182,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     system = system_prompt()
     targets = ["replica"] + ([] if args.skip_router else ["router"]) + (
         ["baseline"] if args.baseline else [])
-    cells = {(t, m): Cell(t, m) for t in targets for m in ("plain", "stream")}
+    workloads = ["unique", "fixed"] if args.workload == "both" else [args.workload]
+    cells = {(t, w, m): Cell(t, w, m) for t in targets for w in workloads
+             for m in ("plain", "stream")}
     with Fleet(replicas=2, instant=True) as fleet:
         pids = [int(pid) for pid in fleet.pids if pid is not None]
         print(f"system prompt + user turn: {prompt_tokens(fleet.urls[0], system)} prompt tokens",
@@ -194,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.baseline:
                 base, base_url = start_baseline(args.baseline)
             for rnd in range(args.rounds):
-                for (target, mode), cell in cells.items():
+                for (target, workload, mode), cell in cells.items():
                     if target == "replica":
                         url, pid, backend = fleet.urls[0], pids[0], None
                     elif target == "baseline":
@@ -205,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                         url, pid, backend = router_url, router.pid, pids[1]
                     run_cell(cell, url + "/v1/chat/completions", pid, backend, args.requests,
                              args.concurrency, system)
-                    print(f"round {rnd + 1} {target:8s} {mode:6s} {cell.requests:6d} req "
+                    print(f"round {rnd + 1} {target:8s} {workload:6s} {mode:6s} {cell.requests:6d} req "
                           f"{cell.rate:7.1f} req/s  cpu {cell.cpu_ms:.3f} ms/req"
                           + (f"  (backend {cell.backend_cpu_ms:.3f})" if backend else ""),
                           flush=True)
@@ -215,20 +234,21 @@ def main(argv: list[str] | None = None) -> int:
                     proc.terminate()
                     proc.wait(10)
     print()
-    print(f"{'target':9s} {'mode':6s} {'requests':>8s} {'errors':>6s} {'req/s':>7s} "
-          f"{'CPU ms/req':>10s} {'backend':>8s}")
+    print(f"{'target':9s} {'workload':8s} {'mode':6s} {'requests':>8s} {'errors':>6s} "
+          f"{'req/s':>7s} {'CPU ms/req':>10s} {'backend':>8s}")
     for c in cells.values():
         back = f"{c.backend_cpu_ms:8.3f}" if c.target == "router" else f"{'':8s}"
-        print(f"{c.target:9s} {c.mode:6s} {c.requests:8d} {c.errors:6d} {c.rate:7.1f} "
-              f"{c.cpu_ms:10.3f} {back}")
-    if not args.skip_router:
+        print(f"{c.target:9s} {c.workload:8s} {c.mode:6s} {c.requests:8d} {c.errors:6d} "
+              f"{c.rate:7.1f} {c.cpu_ms:10.3f} {back}")
+    for w in workloads:
         for mode in ("plain", "stream"):
-            ratio = cells["router", mode].cpu_ms / cells["replica", mode].cpu_ms
-            print(f"{mode}: replica capacity per core = {ratio:.2f}x the router's")
-    if args.baseline:
-        for mode in ("plain", "stream"):
-            print(f"{mode}: baseline replica CPU/request = "
-                  f"{cells['baseline', mode].cpu_ms / cells['replica', mode].cpu_ms:.2f}x this one's")
+            replica = cells["replica", w, mode].cpu_ms
+            if not args.skip_router:
+                ratio = cells["router", w, mode].cpu_ms / replica
+                print(f"{w} {mode}: replica capacity per core = {ratio:.2f}x the router's")
+            if args.baseline:
+                print(f"{w} {mode}: baseline replica CPU/request = "
+                      f"{cells['baseline', w, mode].cpu_ms / replica:.2f}x this one's")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump([asdict(c) | {"cpu_ms": c.cpu_ms, "rate": c.rate} for c in cells.values()],

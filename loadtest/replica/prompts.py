@@ -25,6 +25,8 @@ token ids (plus their block hashes) per LRU.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
+from itertools import chain
 from typing import NamedTuple
 
 import xxhash
@@ -34,13 +36,21 @@ from templates_audit.render import ChatRenderer
 from templates_audit.tokenize import DefaultTokenizer, Tokenizer
 
 from .openai_api import Job, Kind
-from .text import prompt_seed
+from .text import REPLY_VOCABULARY, completion_pieces, prompt_seed
 
 
 class Prompt(NamedTuple):
     ids: tuple[int, ...]
     hashes: tuple[int, ...]
     seed: int
+
+
+class Reply(NamedTuple):
+    pieces: list[str]   # one per generated token (each stream chunk's text); not to be mutated
+    ids: list[int]
+
+
+REPLY_MEMO = 4096
 
 
 class _Prefix(NamedTuple):
@@ -94,7 +104,9 @@ class Prompter:
         self._prefixes = _Lru(memo_tokens)
         # Pieces can be tokenised one by one only if no token spans the newline ending each.
         self._by_piece = isinstance(tokenizer, DefaultTokenizer)
-        self._piece_ids: dict[str, tuple[int, ...]] = {}
+        self._piece_ids: dict[str, tuple[int, ...]] = {
+            p: tuple(tokenizer.encode(p)) for p in REPLY_VOCABULARY}
+        self._replies: dict[tuple[int, int], Reply] = {}
 
     # -- chat prompts, piece by piece --------------------------------------------------------
     def _pieces(self, job: Job) -> list[str] | None:
@@ -166,12 +178,23 @@ class Prompter:
         self._memo.put(key, out, len(ids))
         return out
 
-    def reply_ids(self, pieces: list[str]) -> list[int]:
+    def reply_ids(self, pieces: Sequence[str]) -> list[int]:
         """Token ids of the reply, piece by piece (the pieces come from a small vocabulary)."""
-        out: list[int] = []
-        for piece in pieces:
-            ids = self._piece_ids.get(piece)
-            if ids is None:
-                ids = self._piece_ids[piece] = tuple(self.tokenizer.encode(piece))
-            out.extend(ids)
-        return out
+        table = self._piece_ids
+        found = list(map(table.get, pieces))
+        if None in found:
+            found = [table.get(p) or table.setdefault(p, tuple(self.tokenizer.encode(p)))
+                     for p in pieces]
+        return list(chain.from_iterable(found))  # type: ignore[arg-type]
+
+    def reply(self, seed: int, max_tokens: int) -> Reply:
+        """The deterministic reply of a prompt with this seed: its pieces (one per token) and
+        their ids. Memoised (a repeated body gets the same reply); at most `REPLY_MEMO` kept."""
+        key = (seed, max_tokens)
+        hit = self._replies.get(key)
+        if hit is None:
+            if len(self._replies) >= REPLY_MEMO:
+                self._replies.clear()
+            pieces = completion_pieces(seed, max_tokens)
+            hit = self._replies[key] = Reply(pieces, self.reply_ids(pieces))
+        return hit

@@ -45,7 +45,6 @@ from .faults import Action, Faults, FaultSpec
 from .metrics import CONTENT_TYPE, CacheConfig, ReplicaMetrics, Snapshot
 from .openai_api import ApiError, Envelope, Job, Kind
 from .prompts import Prompter
-from .text import completion_pieces
 from .timing import TimingModel
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -253,9 +252,8 @@ class Replica:
             job = (openai_api.parse_chat if kind is Kind.CHAT else openai_api.parse_completion)(
                 data, self.config.default_max_tokens)
             prompt = self.prompter.prompt(job, body)
-            pieces = completion_pieces(prompt.seed, job.max_tokens)
-            req = EngineRequest(rid, prompt.ids, job.max_tokens,
-                                output_ids=self.prompter.reply_ids(pieces),
+            pieces, output_ids = self.prompter.reply(prompt.seed, job.max_tokens)
+            req = EngineRequest(rid, prompt.ids, job.max_tokens, output_ids=output_ids,
                                 prompt_hashes=prompt.hashes)
             env = Envelope(rid, int(time.time()), self.config.model, self.config.name)
             if self.config.instant:

@@ -25,6 +25,7 @@ def prompt_seed(token_ids: Sequence[int], parent: int = 0) -> int:
 
 
 _SPACED = tuple(" " + w for w in _WORDS)
+REPLY_VOCABULARY = _WORDS + _SPACED   # every piece a reply can hold
 _INDEX = [i.to_bytes(8, "little") for i in range(64)]   # the hashed bytes of small indices
 
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
+
+from loadtest.replica import prompts
 from loadtest.replica.openai_api import parse_chat, parse_completion
 from loadtest.replica.prompts import Prompter
+from loadtest.replica.text import completion_pieces
 from templates_audit.blocks import block_hashes
 from templates_audit.render import ChatRenderer
 from templates_audit.tokenize import default_tokenizer
@@ -44,6 +48,19 @@ def test_reply_ids_match_tokenising_the_whole_reply() -> None:
     p = Prompter(ChatRenderer(), TOK, 16)
     pieces = ["cache", " warm", " hit", " block"]
     assert p.reply_ids(pieces) == TOK.encode("".join(pieces))
+
+
+def test_replies_are_the_seeded_text_and_its_ids_and_the_memo_is_bounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prompts, "REPLY_MEMO", 8)
+    p = Prompter(ChatRenderer(), TOK, 16)
+    for seed in range(20):
+        for n in (1, 5, 16, 70):
+            pieces, ids = p.reply(seed, n)
+            assert pieces == completion_pieces(seed, n) and len(pieces) == n
+            assert ids == TOK.encode("".join(pieces))
+            assert p.reply(seed, n) == (pieces, ids)
+            assert len(p._replies) <= 8
 
 
 def _whole(job_body: dict[str, Any]) -> tuple[list[int], list[int]]:
