@@ -106,6 +106,7 @@ class Allocation:
 
 
 _SMALL = 8  # blocks: fewer are handled by plain loops, more by batch operations
+_SCAN = 16  # blocks looked up per C pass when the hit search expects a miss
 
 
 def _drain(it: Iterable[object]) -> None:
@@ -153,8 +154,11 @@ class PrefixCache:
         self.evictions = 0
 
     # -- queries -----------------------------------------------------------------------------
-    def _hit_blocks(self, hashes: Sequence[int], num_tokens: int) -> list[int]:
+    def _hit_blocks(self, hashes: Sequence[int], num_tokens: int,
+                    max_blocks: int | None = None) -> list[int]:
         limit = min(len(hashes), max(num_tokens - 1, 0) // self.block_size)
+        if max_blocks is not None:
+            limit = min(limit, max_blocks)
         if limit <= 0:
             return []
         get = self._cached.get
@@ -164,13 +168,16 @@ class PrefixCache:
             if None in found:
                 del found[found.index(None):]
             return found  # type: ignore[return-value]  # the Nones are cut off
-        out: list[int] = []
-        for i in range(limit):
-            bid = get(hashes[i])
-            if bid is None:
+        # The hit ends before the last block: look up a chunk at a time (each chunk one C pass)
+        # until a chunk holds the first miss.
+        out: list[int | None] = []
+        for start in range(0, limit, _SCAN):
+            found = list(map(get, hashes[start:min(start + _SCAN, limit)]))
+            if None in found:
+                out += found[:found.index(None)]
                 break
-            out.append(bid)
-        return out
+            out += found
+        return out  # type: ignore[return-value]  # no None in it
 
     def cached_prefix_tokens(self, hashes: Sequence[int], num_tokens: int) -> int:
         """Tokens vLLM would take from the cache for a prompt of ``num_tokens`` with ``hashes``."""
@@ -340,21 +347,25 @@ class PrefixCache:
         rev = blocks[::-1]
         self._spare.extend(compress(rev, map(is_, map(self._hash.__getitem__, rev), repeat(None))))
 
-    def insert(self, hashes: Sequence[int], num_tokens: int, record: bool = True) -> int:
+    def insert(self, hashes: Sequence[int], num_tokens: int, record: bool = True,
+               hit_limit: int | None = None) -> int:
         """Serve one request start to finish (allocate, cache its full blocks, free); its hit tokens.
 
         The auditor's projection of one replica is a loop over this call in trace order.
+        ``hit_limit`` caps the hit at that many leading blocks, as vLLM does when the full blocks
+        of a request include generated tokens (its prompt's last token is never a hit): the same
+        as ``allocate(hashes[:hit_limit], ...)``, ``cache_full_blocks(alloc, hashes)``, ``free``.
         """
         if self._ref:  # requests are running: the general path
-            return self._insert_pinned(hashes, num_tokens, record)
+            return self._insert_pinned(hashes, num_tokens, record, hit_limit)
         bs = self.block_size
         cached = self._cached
-        if num_tokens > bs and hashes and hashes[0] in cached:
-            hit = self._hit_blocks(hashes, num_tokens)
+        if num_tokens > bs and hashes and hashes[0] in cached and hit_limit != 0:
+            hit = self._hit_blocks(hashes, num_tokens, hit_limit)
             nhit = len(hit)
             hit_set = set(hit)
             if len(hit_set) != nhit:  # one block twice (equal hashes): the general path
-                return self._insert_pinned(hashes, num_tokens, record)
+                return self._insert_pinned(hashes, num_tokens, record, hit_limit)
         else:
             hit, nhit = [], 0
         need = -(-num_tokens // bs) - nhit
@@ -431,8 +442,10 @@ class PrefixCache:
         if len(taken) > m:
             _drain(map(hashd.__setitem__, taken[m:], repeat(None)))
 
-    def _insert_pinned(self, hashes: Sequence[int], num_tokens: int, record: bool) -> int:
-        alloc = self.allocate(hashes, num_tokens, record=record)
+    def _insert_pinned(self, hashes: Sequence[int], num_tokens: int, record: bool,
+                       hit_limit: int | None = None) -> int:
+        alloc = self.allocate(hashes if hit_limit is None else hashes[:hit_limit], num_tokens,
+                              record=record)
         if alloc is None:
             return 0
         self.cache_full_blocks(alloc, hashes)

@@ -253,9 +253,8 @@ class Engine:
         computed — then free. No per-request sequence object, no copy of the prompt.
 
         With nothing running (so nothing pinned: always, in instant mode) that is
-        `PrefixCache.insert` of the request's full-block hashes, provided its hit search stops
-        where the capped one does: when the block at the cap is not cached (then no chain of
-        cached blocks reaches past it). insert is several times cheaper than the three calls.
+        `PrefixCache.insert` of the request's full-block hashes with the hit capped at the
+        prompt's blocks, several times cheaper than the three calls.
         """
         self._check(req)
         bs = self.limits.block_size
@@ -274,10 +273,8 @@ class Engine:
         elif len(hashes) > full:
             hashes = hashes[:full]
         cache = self.cache
-        # cached_prefix_tokens((h,), bs + 1) is bs exactly when block hash h is cached.
-        if not self.running and (cap >= full or not cache.cached_prefix_tokens(
-                hashes[cap:cap + 1], bs + 1)):
-            hit = cache.insert(hashes, total, record=False)
+        if not self.running:
+            hit = cache.insert(hashes, total, record=False, hit_limit=cap)
         else:
             capped = hashes[:cap]
             alloc = cache.allocate(capped, total, record=False)

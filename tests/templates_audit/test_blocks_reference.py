@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from templates_audit import blocks
 from templates_audit.blocks import Allocation, PrefixCache, block_hashes
 
 
@@ -169,6 +170,26 @@ class ReferenceCache:
         return alloc.hit_tokens
 
 
+def _ref_insert(ref: ReferenceCache, hashes: list[int], num_tokens: int, record: bool = True,
+                hit_limit: int | None = None) -> int:
+    """``PrefixCache.insert``'s ``hit_limit`` on the reference: a capped allocation, then every
+    full block cached (how the simulated replica serves a request whose full blocks include
+    generated tokens)."""
+    if hit_limit is None:
+        return ref.insert(hashes, num_tokens, record=record)
+    alloc = ref.allocate(hashes[:hit_limit], num_tokens, record=record)
+    if alloc is None:
+        return 0
+    ref.cache_full_blocks(alloc, hashes)
+    ref.free(alloc)
+    return alloc.hit_tokens
+
+
+def _limit(rng: random.Random, hashes: list[int]) -> int | None:
+    return rng.choice([None, None, 0, len(hashes), max(len(hashes) - 1, 0),
+                       rng.randrange(len(hashes) + 1)])
+
+
 def _state(c: PrefixCache | ReferenceCache) -> tuple[object, ...]:
     """Everything observable: counters, cache contents (hash -> block), free queue or spare list."""
     free = list(c._free) if c.num_blocks is not None else list(c._spare)
@@ -199,7 +220,10 @@ SEEDS = range(20)
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("num_blocks", [None, 3, 8, 24, 64])
-def test_sequential_inserts_equal_the_reference(seed: int, num_blocks: int | None) -> None:
+@pytest.mark.parametrize("scan", [16, 3])  # blocks per lookup pass of the hit search
+def test_sequential_inserts_equal_the_reference(seed: int, num_blocks: int | None, scan: int,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(blocks, "_SCAN", scan)
     rng = random.Random(seed * 1000 + (num_blocks or 0))
     bs = rng.choice([1, 2, 4])
     new, ref = PrefixCache(num_blocks, bs), ReferenceCache(num_blocks, bs)
@@ -210,7 +234,9 @@ def test_sequential_inserts_equal_the_reference(seed: int, num_blocks: int | Non
         n = len(ids) + rng.choice([0, 0, 1, 5])
         hs = hs[: rng.choice([len(hs), len(hs), max(len(hs) - 1, 0)])]
         record = rng.random() < 0.7
-        assert new.insert(hs, n, record=record) == ref.insert(hs, n, record=record)
+        limit = _limit(rng, hs)
+        assert (new.insert(hs, n, record=record, hit_limit=limit)
+                == _ref_insert(ref, hs, n, record=record, hit_limit=limit))
         assert _state(new) == _state(ref)
 
 
@@ -255,7 +281,9 @@ def test_interleaved_requests_equal_the_reference(seed: int, num_blocks: int | N
         else:
             ids = list(rng.choice(prompts))
             hs = _hashes(rng, ids, bs)
-            assert new.insert(hs, len(ids)) == ref.insert(hs, len(ids))
+            limit = _limit(rng, hs)
+            assert (new.insert(hs, len(ids), hit_limit=limit)
+                    == _ref_insert(ref, hs, len(ids), hit_limit=limit))
         assert _state(new) == _state(ref)
     for a, b, _ in running:
         new.free(a)
