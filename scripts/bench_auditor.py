@@ -11,8 +11,9 @@ timestamp near the top (``MIX``); every request has its own user turn. Lines are
   the ``tokenizers`` library on the synthetic text, vocab 4,096), on fewer requests.
 * ``memory N``: in a fresh subprocess, audits N generated lines (parsed from JSON bytes, never
   stored) and prints peak RSS; the parent compares two sizes.
-* ``by kind``: parsing cost per request, then the audit cost per request by template kind
-  (records in memory, warm caches), so a change can be attributed.
+* ``by kind``: in a fresh subprocess (the module-level line caches empty, as in a CLI run;
+  in this process they are warm from the throughput run), parsing cost per request, then the
+  audit cost per request by template kind (records in memory), so a change can be attributed.
 
 Usage: ``python scripts/bench_auditor.py [--requests 20000] [--memory 10000 100000]``.
 """
@@ -178,9 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--by-kind", type=int, default=20000,
                    help="requests for the per-template-kind cost breakdown (0: skip)")
     p.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--by-kind-child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory_child:
         memory_child(args.memory_child, args.templates)
+        return 0
+    if args.by_kind_child:
+        parse_us, kinds = by_kind(args.by_kind_child, args.templates)
+        per = " · ".join(f"{k} {us:,.0f} µs ({c:,})" for k, (c, us) in kinds.items())
+        print(f"per request, in memory, {args.by_kind_child:,} requests (fresh process): parsing "
+              f"{parse_us:,.0f} µs; audit by template kind: {per}")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.jsonl"
@@ -203,10 +211,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--tokenizer (BPE, vocab 4,096): {n:,} requests (~{avg:,.0f} tokens each) in "
                   f"{secs:.2f} CPU s = {n / secs:,.0f} requests/s")
     if args.by_kind:
-        parse_us, kinds = by_kind(args.by_kind, args.templates)
-        per = " · ".join(f"{k} {us:,.0f} µs ({c:,})" for k, (c, us) in kinds.items())
-        print(f"per request, in memory, {args.by_kind:,} requests: parsing {parse_us:,.0f} µs; "
-              f"audit by template kind: {per}")
+        out = subprocess.run([sys.executable, __file__, "--by-kind-child", str(args.by_kind),
+                              "--templates", str(args.templates)],
+                             capture_output=True, text=True, check=True, env=dict(os.environ))
+        print(out.stdout.strip())
     lo, la, eo, ea = lazy_vs_exact(args.compare, args.templates)
     print(f"bounded pool, {args.compare:,} requests: lazy head refresh observed {lo:.5f} / "
           f"achievable {la:.5f}; every block inserted {eo:.5f} / {ea:.5f}")
