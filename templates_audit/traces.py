@@ -14,7 +14,8 @@ Bounded memory: files are read in binary with ``readline(limit)``; a line longer
 ``max_line_bytes`` is never held whole — the reader skips to the next newline in ``limit``-sized
 chunks and reports the line as bad. Every other failure (invalid UTF-8, invalid JSON, nesting
 deeper than ``max_depth``, no recognisable request) also becomes a :class:`BadLine`; nothing
-aborts the stream. Cost: O(bytes) per line plus one ``json.loads``.
+aborts the stream. Cost: O(bytes) per line plus one JSON decode (orjson when installed and
+certainly equal to ``json.loads``, see `jsonfast`; errors always come from ``json.loads``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
+from templates_audit.jsonfast import Refused, fast_loads
 from templates_audit.model import BadLine
 
 __all__ = [
@@ -165,21 +167,29 @@ def total_bytes(paths: Iterable[str]) -> int | None:
 def parse_record(raw: bytes, file: str = "<input>", line: int = 0, *, max_depth: int = DEFAULT_MAX_DEPTH) -> Record:
     """Parse one JSONL line; raises ``ValueError`` (a private subclass) with the reason."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise _Bad(f"invalid UTF-8 at byte {exc.start}") from None
-    try:
-        obj = _loads(text)
-    except RecursionError:
-        raise _Bad(f"nested deeper than {max_depth} levels") from None
-    except ValueError as exc:
-        raise _Bad(f"invalid JSON: {exc}") from None
+        obj = fast_loads(raw)
+    except Refused:  # no orjson, or the standard library's answer (value or error) is needed
+        obj = _slow_loads(raw, max_depth)
     # Cheap bound first: a line with fewer brackets than the limit cannot nest deeper.
     if _more_brackets(raw, max_depth) and _too_deep(obj, max_depth):
         raise _Bad(f"nested deeper than {max_depth} levels")
     if not isinstance(obj, dict):
         raise _Bad(f"expected a JSON object, got {type(obj).__name__}")
     return _record(obj, file, line, _timestamp(obj), depth=0)
+
+
+def _slow_loads(raw: bytes, max_depth: int) -> Any:
+    """The line's value by json.loads, or `_Bad` with the reason."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _Bad(f"invalid UTF-8 at byte {exc.start}") from None
+    try:
+        return _loads(text)
+    except RecursionError:
+        raise _Bad(f"nested deeper than {max_depth} levels") from None
+    except ValueError as exc:
+        raise _Bad(f"invalid JSON: {exc}") from None
 
 
 _SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]

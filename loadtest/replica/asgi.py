@@ -14,6 +14,8 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
+from templates_audit import jsonfast
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -53,16 +55,10 @@ async def read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
-_loads: Callable[[bytes], Any]
-try:  # the `fast` extra: request bodies parse 4-5x faster (an ~850-token chat body: 18 -> 4 us)
-    from orjson import loads as _loads
-except ImportError:  # pragma: no cover - the stdlib path is tested by patching _loads
-    _loads = json.loads
-
-
 def parse_json(body: bytes) -> Any:
-    """A JSON request body (empty: ``{}``); invalid JSON raises ValueError either way."""
-    return _loads(body) if body else {}
+    """A JSON request body (empty: ``{}``); invalid JSON raises ValueError. Decoded by orjson
+    when installed and certainly equal to json.loads (`templates_audit.jsonfast`)."""
+    return jsonfast.loads(body) if body else {}
 
 
 def dumps(obj: Any) -> bytes:

@@ -12,6 +12,7 @@ from loadtest.replica import asgi
 from loadtest.replica import openai_api as api
 from loadtest.replica.asgi import dumps
 from loadtest.replica.openai_api import Envelope, Kind, StreamEncoder
+from templates_audit import jsonfast
 
 NAMES = ["sim-0", 'we"ird\\name', "é-ü-日本", "tab\there", "nl\nx", "\x01ctl", "</script>"]
 TEXTS = ["", " the", "cache", 'quo"te', "back\\slash", "é", "\u2028", "line\nbreak", "\x7f"]
@@ -50,7 +51,7 @@ INVALID = [b"{", b'{"a":}', b"[1,]", b"\xff\xfe", b'{"a":1} extra']
 def test_request_bodies_parse_the_same_with_orjson_and_the_stdlib(
         use_stdlib: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     if use_stdlib:
-        monkeypatch.setattr(asgi, "_loads", json.loads)
+        monkeypatch.setattr(jsonfast, "_orjson_loads", None)
     assert [asgi.parse_json(b) for b in BODIES] == [json.loads(b) for b in BODIES]
     assert asgi.parse_json(b"") == {}
     for bad in INVALID:
