@@ -312,8 +312,7 @@ class Replica:
             # Instant replies are complete up front: the whole stream in one write.
             assert usage is not None
             events = [enc.chunk("", role=True)] if chat else []
-            events += [enc.chunk(pieces[i], "length" if i == last else None)
-                       for i in range(job.max_tokens)]
+            events.append(enc.content_chunks(pieces, "length"))
             if job.include_usage:
                 events.append(enc.usage_chunk(openai_api.encode_usage(
                     usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)))

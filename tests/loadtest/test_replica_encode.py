@@ -57,3 +57,18 @@ def test_request_bodies_parse_the_same_with_orjson_and_the_stdlib(
     for bad in INVALID:
         with pytest.raises(ValueError):
             asgi.parse_json(bad)
+
+
+@pytest.mark.parametrize("kind", [Kind.CHAT, Kind.COMPLETION])
+def test_content_chunks_join_equals_the_chunks_one_by_one(kind: Kind) -> None:
+    rng = random.Random(3)
+    for _ in range(200):
+        env = Envelope(f"id-{rng.randrange(99)}", rng.randrange(10**9), rng.choice(NAMES),
+                       rng.choice(NAMES))
+        enc = StreamEncoder(kind, env)
+        pieces = [rng.choice(TEXTS) for _ in range(rng.randrange(1, 70))]
+        finish = rng.choice(["length", "stop"])
+        expected = "\n\ndata: ".join(
+            [enc.chunk(p) for p in pieces[:-1]] + [enc.chunk(pieces[-1], finish)])
+        assert enc.content_chunks(pieces, finish) == expected
+    assert StreamEncoder(kind, env).content_chunks([], "length") == ""
