@@ -16,7 +16,9 @@ round), so slow drift in the shared machine's load falls on every setup alike. P
 * concurrency ``--concurrency`` (``--cpu-requests``): proxy CPU = utime+stime of the proxy's
   process tree (``/proc/<pid>/stat``, nginx workers included) after minus before, divided by
   requests (CPU/request) and, streamed, by relayed content chunks (CPU/chunk = CPU per streamed
-  request / chunks per request; an upper bound on the marginal per-chunk cost).
+  request / chunks per request; an upper bound on the marginal per-chunk cost). For ``direct``
+  the process is the replica itself: router CPU/request over direct's is one instant replica's
+  capacity per core as a multiple of the router's (``replica_capacity_vs_router_*``).
 
 * token-paced streams (mode ``paced``, ``--paced-ms``, default 2 ms): a second fleet whose
   engine gives every running stream one token per 2 ms (no prefill or per-sequence cost), so
@@ -146,7 +148,11 @@ def _launch_all(setups: Sequence[Setup], fleet: Fleet, workdir: Path, suffix: st
             skipped[setup.name] = reason
             continue
         try:
-            running.append((setup, launch(setup, replicas, workdir / (setup.name + suffix))))
+            launched = launch(setup, replicas, workdir / (setup.name + suffix))
+            if setup.kind == "direct" and fleet.pids and fleet.pids[0] is not None:
+                # direct's cells measure the replica: the capacity the router is compared with
+                launched = Launched(setup, launched.url, None, None, pid=fleet.pids[0])
+            running.append((setup, launched))
         except SetupError as exc:
             skipped[setup.name] = f"failed to start: {str(exc).splitlines()[0]}"
     return running
@@ -242,6 +248,13 @@ def ratios(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             if mine and theirs and mine.get(key) and theirs.get(key):
                 out[f"{prefix}{key}_vs_{other}"] = mine[key] / theirs[key]
     for mode in ("plain", "stream"):
+        # One instant replica's capacity per core as a multiple of the router's (issue #3:
+        # the replica must not be what limits a router benchmark): router CPU per request over
+        # the replica's own CPU per request when hit directly, same requests, same run.
+        mine, replica = _find(rows, "router", mode, conc), _find(rows, "direct", mode, conc)
+        if mine and replica and mine.get("cpu_per_request") and replica.get("cpu_per_request"):
+            out[f"replica_capacity_vs_router_{mode}"] = (mine["cpu_per_request"]
+                                                         / replica["cpu_per_request"])
         r = _find(rows, "router", mode, 1)
         if r is not None:
             out[f"added_p50_c1_{mode}"] = r.get("added_p50")

@@ -215,10 +215,11 @@ def overhead_targets_markdown(r: Mapping[str, Any]) -> str:
     """The overhead targets against `loadtest.overhead.ratios` of one run."""
 
     def row(label: str, target: str, value: Any, limit: float | None, scale: float = 1.0,
-            digits: int = 2) -> list[str]:
+            digits: int = 2, at_least: bool = False) -> list[str]:
         x = _num(value)
         shown = fmt(None if x is None else x * scale, digits)
-        verdict = "" if limit is None else _verdict(None if x is None else x <= limit)
+        ok = None if x is None or limit is None else (x >= limit if at_least else x <= limit)
+        verdict = "" if limit is None else _verdict(ok)
         return [label, target, shown, verdict]
 
     rows = [
@@ -239,6 +240,11 @@ def overhead_targets_markdown(r: Mapping[str, Any]) -> str:
         row("router CPU/request ÷ passthrough's", DASH, r.get("cpu_per_request_vs_passthrough"),
             None),
         row("router CPU/chunk ÷ passthrough's", DASH, r.get("cpu_per_chunk_vs_passthrough"), None),
+        row("one instant replica's capacity ÷ the router's (router CPU/request ÷ replica's), "
+            "non-streamed", "≥ 3", r.get("replica_capacity_vs_router_plain"), 3.0,
+            at_least=True),
+        row("one instant replica's capacity ÷ the router's, streamed", "≥ 3",
+            r.get("replica_capacity_vs_router_stream"), 3.0, at_least=True),
     ]
     return table(["measure", "target", "measured", "verdict"], rows, ["l", "r", "r", "l"])
 

@@ -104,12 +104,14 @@ def _nginx_binary() -> str | None:
 # -- process handle --------------------------------------------------------------------------------
 class Launched:
     def __init__(self, setup: Setup, url: str, proc: subprocess.Popen[bytes] | None,
-                 log: Path | None) -> None:
+                 log: Path | None, *, pid: int | None = None) -> None:
         self.setup, self.url, self.proc, self.log = setup, url, proc, log
+        self._pid = pid   # a process this setup did not start (direct: the replica itself)
 
     @property
     def pid(self) -> int | None:
-        return None if self.proc is None else self.proc.pid
+        """The process whose CPU time the setup's cells measure."""
+        return self.proc.pid if self.proc is not None else self._pid
 
     def tail(self, lines: int = 15) -> str:
         if self.log is None:

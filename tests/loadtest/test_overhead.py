@@ -56,6 +56,10 @@ def test_ratios_use_the_high_concurrency_cells_of_one_run() -> None:
     assert floor["cpu_per_request_vs_passthrough"] == pytest.approx(1.25)
     assert floor["passthrough_cpu_per_request_vs_sglang"] == pytest.approx(1.6)
     assert floor["passthrough_added_p50_c1_plain"] == pytest.approx(0.0003)
+    # direct cells measure the replica: its capacity per core against the router's
+    direct = ratios([*rows, _row("direct", "plain", 16, 0.00025), _row("direct", "stream", 16, None)])
+    assert direct["replica_capacity_vs_router_plain"] == pytest.approx(4.0)
+    assert "replica_capacity_vs_router_stream" not in direct
 
 
 @pytest.mark.slow
@@ -70,8 +74,8 @@ def test_measure_router_against_direct(tmp_path: Path) -> None:
         assert r["errors"] == 0
         assert r["requests"] == (10 if conc == 1 else 8 if mode == "paced" else 40)
         assert r["latency"]["p50"] > 0
-        if setup == "direct":
-            assert r["cpu_per_request"] is None and r["added_p50"] == 0.0
+        if setup == "direct":   # the replica's own CPU
+            assert r["added_p50"] == 0.0 and r["cpu_per_request"] >= 0
         elif conc == 4:
             assert r["cpu_per_request"] > 0  # 40 requests: many 10 ms ticks of router CPU
         else:
@@ -87,3 +91,4 @@ def test_measure_router_against_direct(tmp_path: Path) -> None:
     router_stream = rows[("router-prefix", "stream", 4)]
     assert router_stream["cpu_per_chunk"] == pytest.approx(router_stream["cpu_per_request"] / 16)
     assert "added_p50_c1_plain" in res["ratios"]
+    assert res["ratios"]["replica_capacity_vs_router_plain"] > 0
