@@ -80,9 +80,17 @@ class _Date:
 _date = _Date()
 
 
+_STATUS_LINES: dict[tuple[str, int], bytes] = {}
+
+
 def _status_line(version: str, status: int) -> bytes:
-    reason = _REASONS.get(status, b"")
-    return b"HTTP/%s %d %s\r\n" % (version.encode(), status, reason)
+    line = _STATUS_LINES.get((version, status))
+    if line is None:
+        reason = _REASONS.get(status, b"")
+        line = b"HTTP/%s %d %s\r\n" % (version.encode("ascii"), status, reason)
+        if len(_STATUS_LINES) < 1024:
+            _STATUS_LINES[version, status] = line
+    return line
 
 
 class _Exchange:
@@ -282,6 +290,7 @@ class _Connection(asyncio.Protocol):
         self.queue: deque[_Exchange] = deque()      # parsed, waiting behind `active`
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
+        self.expect = False         # the request being parsed sent Expect: 100-continue
         self.reading = True
         self.write_paused = False
         self.drain_waiter: asyncio.Future[None] | None = None
@@ -335,30 +344,35 @@ class _Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.url = b""
         self.headers = []
+        self.expect = False
 
     def on_url(self, url: bytes) -> None:
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name.lower(), value))
+        name = name.lower()
+        if name == b"expect":
+            self.expect = value.lower() == b"100-continue"
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         parser = self.parser
         version = parser.get_http_version()
         method = parser.get_method().decode("ascii")
-        parsed = httptools.parse_url(self.url)
-        raw_path = parsed.path
+        url = self.url
+        if url[:1] == b"/" and b"?" not in url and b"%" not in url and b"#" not in url:
+            raw_path, query = url, b""   # the common case, without a URL parser
+        else:
+            parsed = httptools.parse_url(url)
+            raw_path, query = parsed.path, parsed.query or b""
         path = raw_path.decode("ascii", "replace")
         if "%" in path:
             path = unquote(path)
         scope = {"type": "http", "asgi": _ASGI, "http_version": version, "method": method,
                  "scheme": "http", "path": path, "raw_path": raw_path,
-                 "query_string": parsed.query or b"", "root_path": "",
+                 "query_string": query, "root_path": "",
                  "headers": self.headers, "client": self.client, "server": self.sockname}
-        expect = False
-        for name, value in self.headers:
-            if name == b"expect" and value.lower() == b"100-continue":
-                expect = version == "1.1"
+        expect = self.expect and version == "1.1"
         keep_alive = parser.should_keep_alive() and not self.server.stopping
         ex = _Exchange(self, scope, keep_alive, expect)
         self.current = ex
