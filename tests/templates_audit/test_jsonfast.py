@@ -67,3 +67,11 @@ def test_loads_falls_back_to_json_for_its_values_and_errors(monkeypatch: pytest.
     with pytest.raises(Refused):
         fast_loads(b"{}")
     assert jsonfast.loads(b'{"a": [1, 2.5]}') == {"a": [1, 2.5]}
+
+
+def test_big_integral_floats_anywhere_in_the_value_are_refused() -> None:
+    for data in (b'{"a": [{"b": [1, 2, 1e19]}]}', b'[[[[-9.3e18]]]]', b'{"x": 2e300}'):
+        with pytest.raises(Refused):
+            fast_loads(data)
+    assert fast_loads(b'{"a": [{"b": [1, 2.5, 9.2e18, 18446744073709551615]}]}') == {
+        "a": [{"b": [1, 2.5, 9.2e18, 18446744073709551615]}]}
