@@ -175,6 +175,20 @@ def test_pipelined_requests_are_answered_in_order(serve: Callable[..., Harness])
         assert bodies == [b"POST /p%d  %d" % (i, i) for i in range(5)]
 
 
+def test_pipelined_requests_wait_behind_a_slow_one(serve: Callable[..., Harness]) -> None:
+    async def slow_first(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/p0":
+            await asyncio.sleep(0.2)   # the next requests are parsed and queued meanwhile
+        await echo(scope, receive, send)
+
+    h = serve(slow_first)
+    with h.connect() as c:
+        c.send(b"".join(request(f"/p{i}", b"y" * i) for i in range(4)))
+        assert [c.response()[2] for _ in range(4)] == [b"POST /p%d  %d" % (i, i) for i in range(4)]
+        c.send(request("/after"))   # the connection is still in step
+        assert c.response()[2] == b"POST /after  0"
+
+
 def test_a_body_larger_than_the_read_buffer_streams_to_the_app(
         serve: Callable[..., Harness]) -> None:
     chunks: list[int] = []
