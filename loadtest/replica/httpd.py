@@ -211,17 +211,17 @@ class _Exchange:
         more = message.get("more_body", False)
         if self.no_body:
             body = b""
+        parts = [self.head] if self.head else []   # the head leaves with the first body
+        self.head = b""
         if self.chunked:
-            out = b"%x\r\n%s\r\n" % (len(body), body) if body else b""
+            if body:
+                parts += (b"%x\r\n" % len(body), body, b"\r\n")
             if not more:
-                out += b"0\r\n\r\n"
-        else:
-            out = body
-        if self.head:
-            out = self.head + out
-            self.head = b""
-        if out:
-            self.conn.write(out)
+                parts.append(b"0\r\n\r\n")
+        elif body:
+            parts.append(body)
+        if parts:   # one copy at most: a whole instant stream is one write of one buffer
+            self.conn.write(parts[0] if len(parts) == 1 else b"".join(parts))
         if not more:
             self.finished = True
             self.wake()

@@ -317,8 +317,8 @@ class Replica:
                 events.append(enc.usage_chunk(openai_api.encode_usage(
                     usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)))
             events.append("[DONE]")
-            await send({"type": "http.response.body",
-                        "body": ("data: " + "\n\ndata: ".join(events) + "\n\n").encode()})
+            body = "".join([part for e in events for part in ("data: ", e, "\n\n")])
+            await send({"type": "http.response.body", "body": body.encode()})
             return
         sent = 0
         buffer: list[bytes] | None = [] if handle is None else None   # instant: one write
