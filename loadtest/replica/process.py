@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import sys
 
 import prometheus_client
 
@@ -77,9 +78,9 @@ def serve(config: ReplicaConfig) -> None:
     prometheus_client.disable_created_metrics()
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    sockets = [bind_socket(config.host, config.port)]
+    sockets = [_listen_socket(config.host, config.port)]
     if config.admin_port is not None:
-        sockets.append(bind_socket("127.0.0.1", config.admin_port))
+        sockets.append(_listen_socket("127.0.0.1", config.admin_port))
     replica = Replica(config)
     server = httpd.Server(replica, grace=GRACE_SECONDS, quiet=(AbruptClose, ClientGone))
     replica.listener = Listener(server, config.host, config.port)
@@ -87,6 +88,21 @@ def serve(config: ReplicaConfig) -> None:
         httpd.run(server, sockets)
 
 
+class CannotListen(Exception):
+    """A listening socket could not be bound (the port is taken, the address is not local)."""
+
+
+def _listen_socket(host: str, port: int) -> socket.socket:
+    try:
+        return bind_socket(host, port)
+    except OSError as exc:
+        raise CannotListen(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
 def main(args: argparse.Namespace) -> int:
-    serve(from_namespace(args))
+    try:
+        serve(from_namespace(args))
+    except CannotListen as exc:
+        print(f"prefix-loadtest replica {args.name}: {exc}", file=sys.stderr)
+        return 1
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ import pytest
 from loadtest import cli
 from loadtest.fleet import Fleet, FleetError
 from loadtest.replica.config import ReplicaConfig, add_arguments, from_namespace, to_argv
-from tests.conftest import free_port
+from tests.conftest import free_port, free_port_range
 
 
 def pid_alive(pid: int) -> bool:
@@ -84,7 +85,7 @@ def test_replica_options_round_trip_through_argv() -> None:
 
 
 def test_fleet_subcommand_runs_until_sigterm_and_stops_its_replicas() -> None:
-    base = free_port()
+    base = free_port_range(2)   # --base-port takes base and base + 1
     proc = subprocess.Popen(
         [sys.executable, "-m", "loadtest", "fleet", "--replicas", "2", "--base-port", str(base),
          "--speed", "50"],
@@ -92,6 +93,10 @@ def test_fleet_subcommand_runs_until_sigterm_and_stops_its_replicas() -> None:
     try:
         assert proc.stdout is not None
         lines = [proc.stdout.readline() for _ in range(2)]
+        if not all(lines):   # the fleet ended before printing its replicas: say why
+            proc.wait(timeout=20)
+            pytest.fail(f"fleet exited with {proc.returncode}: "
+                        f"{proc.stderr.read() if proc.stderr else ''}")
         assert [line.split("\t")[0] for line in lines] == ["sim-0", "sim-1"]
         urls = [line.split("\t")[1] for line in lines]
         assert urls == [f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 1}"]
@@ -140,3 +145,15 @@ def test_stop_also_ends_a_sigstopped_replica() -> None:
     assert not pid_alive(pid)
     assert fleet.returncode(0) == -signal.SIGTERM   # the replica re-raises TERM after a clean stop
     assert time.monotonic() - t0 < 9         # did not sit out the whole grace period
+
+
+def test_a_replica_whose_port_is_taken_says_so_and_exits_1() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "loadtest", "replica", "--name", "r9",
+                               "--port", str(port)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert f"prefix-loadtest replica r9: cannot listen on 127.0.0.1:{port}" in proc.stderr
+    assert "Traceback" not in proc.stderr
