@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from templates_audit.detectors import Kind, Match, classify, scan
 
-__all__ = ["Span", "changed_lines", "changed_range", "common_prefix", "common_suffix", "diff_bounds",
+__all__ = ["Span", "changed_lines", "changed_range", "common_prefix", "common_suffix",
            "diff_spans", "line_matches", "line_spans"]
 
 _WORDS = re.compile(r"\w+|\s+|[^\w\s]")
@@ -63,15 +63,9 @@ def diff_spans(ref: str, req: str, lines: tuple[int, int] | None = None) -> list
             for sp in _diff_lines(ref[lo:hi], req[lo:len(req) - tail])]
 
 
-def diff_bounds(ref: str, req: str) -> tuple[int, int]:
-    """(common prefix, common suffix no longer than what the prefix leaves) of two texts."""
-    p = common_prefix(ref, req)
-    return p, common_suffix(ref, req, min(len(ref), len(req)) - p)
-
-
 def changed_lines(ref: str, bounds: tuple[int, int]) -> tuple[int, int]:
     """``(lo, hi)``: ``ref[lo:hi]`` is the whole lines holding every difference located by
-    ``bounds`` (:func:`diff_bounds`). ``lo`` starts the first differing line and ``hi`` is the
+    ``bounds`` = (common prefix, common suffix no longer than what the prefix leaves). ``lo`` starts the first differing line and ``hi`` is the
     newline ending the last one (or ``len(ref)``); both texts agree on ``[:lo]`` and on the last
     ``len(ref) - hi`` characters."""
     p, s = bounds
@@ -80,10 +74,10 @@ def changed_lines(ref: str, bounds: tuple[int, int]) -> tuple[int, int]:
 
 
 def changed_range(ref: str, req: str) -> tuple[int, int]:
-    """``changed_lines(ref, diff_bounds(ref, req))`` without the long common-suffix search when
-    every difference lies in one line (the common case: a value changed): after the common
-    prefix ``p``, if both texts continue equally from the newline that ends ``p``'s line, the
-    common suffix starts inside that line, so ``hi`` is that newline. A test checks this
+    """`changed_lines` of the texts' character-level common prefix and suffix, without the long
+    common-suffix search when every difference lies in one line (the common case: a value
+    changed): after the common prefix ``p``, if both texts continue equally from the newline
+    that ends ``p``'s line, the common suffix starts inside that line, so ``hi`` is that newline. A test checks this
     against the character-level computation on random edits."""
     p = common_prefix(ref, req)
     lo = ref.rfind("\n", 0, p) + 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,19 +93,29 @@ def test_named_workload_runs_through_the_real_key_derivation() -> None:
     assert res.hit_rate > 0.3  # turns resend history and system prompts repeat
 
 
+def _conversation_records(turns: int, convs: int, first_id: int, first_turn_blocks: int,
+                          output_length: int, gap: Callable[[], int]) -> list[dict[str, Any]]:
+    """Mooncake records of `convs` conversations sharing system block 0, turn by turn: turn k
+    of a conversation resends its history plus one block (`first_turn_blocks` + k blocks after
+    the system one); consecutive records `gap()` ms apart."""
+    recs = []
+    t = 0
+    for turn in range(turns):
+        for conv in range(convs):
+            hids = [0] + [first_id + conv * 10 + j for j in range(turn + first_turn_blocks)]
+            recs.append({"timestamp": t, "input_length": 512 * len(hids),
+                         "output_length": output_length, "hash_ids": hids})
+            t += gap()
+    return recs
+
+
 def test_prompt_affinity_keeps_completions_conversations_together_under_spill(
         tmp_path: object) -> None:
     """Mooncake-style conversations sharing one system block: every record has the same key,
     so under load the key spills; with prompt affinity each continuation follows its history."""
     rng = random.Random(5)
-    recs = []
-    t = 0
-    for turn in range(4):
-        for conv in range(30):
-            hids = [0] + [1000 + conv * 10 + j for j in range(turn + 1)]
-            recs.append({"timestamp": t, "input_length": 512 * len(hids),
-                         "output_length": 8, "hash_ids": hids})
-            t += rng.randrange(5, 15)
+    recs = _conversation_records(turns=4, convs=30, first_id=1000, first_turn_blocks=1,
+                                 output_length=8, gap=lambda: rng.randrange(5, 15))
     reqs = _trace_requests(recs, Path(str(tmp_path)), max_output_tokens=8)
     cfg = dict(replicas=4, kv_blocks=1200, load_floor=0)
     on = simulate(reqs, SimConfig(**cfg, prompt_affinity=True))
@@ -118,14 +129,8 @@ def test_prompt_affinity_spreads_new_conversations_at_low_load(tmp_path: object)
     """Below the load floor nothing spills, so without prompt affinity every conversation of
     the shared system block runs on the key's home and their histories evict each other in its
     KV cache; placed by their first new chunk they use the whole fleet's caches."""
-    recs = []
-    t = 0
-    for turn in range(3):
-        for conv in range(40):
-            hids = [0] + [5000 + conv * 10 + j for j in range(turn + 2)]
-            recs.append({"timestamp": t, "input_length": 512 * len(hids),
-                         "output_length": 4, "hash_ids": hids})
-            t += 400   # far apart: one request at a time
+    recs = _conversation_records(turns=3, convs=40, first_id=5000, first_turn_blocks=2,
+                                 output_length=4, gap=lambda: 400)   # one request at a time
     reqs = _trace_requests(recs, Path(str(tmp_path)), max_output_tokens=4)
     on = simulate(reqs, SimConfig(replicas=4, kv_blocks=1500, prompt_affinity=True))
     off = simulate(reqs, SimConfig(replicas=4, kv_blocks=1500, prompt_affinity=False))

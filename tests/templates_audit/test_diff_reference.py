@@ -10,9 +10,14 @@ from templates_audit.findings import (
     changed_range,
     common_prefix,
     common_suffix,
-    diff_bounds,
     diff_spans,
 )
+
+
+def diff_bounds(ref: str, req: str) -> tuple[int, int]:
+    """The reference: (common prefix, common suffix no longer than what the prefix leaves)."""
+    p = common_prefix(ref, req)
+    return p, common_suffix(ref, req, min(len(ref), len(req)) - p)
 
 PIECES = ["a", "b", "ab", "ba", "", " ", "\n", "2024-05-20", "12:34:56Z", "Alice", "x\n", "\nx"]
 
