@@ -37,7 +37,7 @@ import argparse
 import json
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,10 +97,10 @@ class _Acc:
     wall: float = 0.0
 
 
-def _round(launched: Launched, setup: Setup, stream: bool, concurrency: int, n: int,
-           cfg: OverheadConfig, acc: _Acc, label: str | None = None) -> None:
+def _round(launched: Launched, setup: Setup, mode: str, concurrency: int, n: int,
+           cfg: OverheadConfig, acc: _Acc) -> None:
+    stream = mode != "plain"
     reqs = _requests(n, stream, cfg.chunks if stream else 16)
-    mode = label or ("stream" if stream else "plain")
     plan = Plan(launched.url, concurrency=concurrency, max_requests=n, max_time=cfg.max_time,
                 stream=stream, prefix_hash_header=setup.prefix_hash_header,
                 progress_label=f"{setup.name} {mode} c={concurrency}")
@@ -137,9 +137,10 @@ def _row(setup: str, mode: str, concurrency: int, acc: _Acc) -> dict[str, Any]:
 
 
 def _launch_all(setups: Sequence[Setup], fleet: Fleet, workdir: Path, suffix: str,
-                skipped: dict[str, str]) -> list[tuple[Setup, Launched]]:
+                skipped: dict[str, str], running: list[tuple[Setup, Launched]]) -> None:
+    """Start every available setup in front of ``fleet``, each appended to ``running`` as soon
+    as it runs (so an interruption part way still stops the ones already started)."""
     replicas = list(zip(fleet.names, fleet.urls, strict=True))
-    running: list[tuple[Setup, Launched]] = []
     for setup in setups:
         if setup.name in skipped:
             continue
@@ -155,13 +156,20 @@ def _launch_all(setups: Sequence[Setup], fleet: Fleet, workdir: Path, suffix: st
             running.append((setup, launched))
         except SetupError as exc:
             skipped[setup.name] = f"failed to start: {str(exc).splitlines()[0]}"
-    return running
 
 
-def _stop_all(running: list[tuple[Setup, Launched]], fleet: Fleet) -> None:
-    for _, launched in running:
-        launched.stop()
-    fleet.stop()
+def _phase(setups: Sequence[Setup], fleet: Fleet, workdir: Path, suffix: str,
+           skipped: dict[str, str], rounds: Callable[[list[tuple[Setup, Launched]]], None]) -> None:
+    """Start ``fleet`` and the setups in front of it, run ``rounds`` over them, stop them all."""
+    fleet.start()
+    running: list[tuple[Setup, Launched]] = []
+    try:
+        _launch_all(setups, fleet, workdir, suffix, skipped, running)
+        rounds(running)
+    finally:
+        for _, launched in running:
+            launched.stop()
+        fleet.stop()
 
 
 def measure(setups: Sequence[Setup], cfg: OverheadConfig, workdir: Path,
@@ -171,43 +179,36 @@ def measure(setups: Sequence[Setup], cfg: OverheadConfig, workdir: Path,
     Then, unless ``cfg.paced_ms`` is 0, the same for token-paced streams in front of a second
     fleet (mode ``paced``: concurrency ``cfg.concurrency``, CPU per relayed chunk)."""
     skipped: dict[str, str] = {}
-    cells = [(stream, conc, n) for stream in (False, True)
+    cells = [(mode, conc, n) for mode in ("plain", "stream")
              for conc, n in ((1, cfg.latency_requests), (cfg.concurrency, cfg.cpu_requests))]
     accs: dict[tuple[str, str, int], _Acc] = {}
 
-    def cell(setup: Setup, launched: Launched, stream: bool, conc: int, n: int,
-             mode: str) -> None:
+    def cell(setup: Setup, launched: Launched, mode: str, conc: int, n: int) -> None:
         acc = accs.setdefault((setup.name, mode, conc), _Acc())
-        _round(launched, setup, stream, conc, max(1, n // cfg.rounds), cfg, acc, mode)
+        _round(launched, setup, mode, conc, max(1, n // cfg.rounds), cfg, acc)
 
-    fleet = Fleet(replicas=cfg.replicas, instant=True, log_dir=str(workdir / "fleet"))
-    fleet.start()
-    running: list[tuple[Setup, Launched]] = []
-    try:
-        running = _launch_all(setups, fleet, workdir, "", skipped)
+    def instant_rounds(running: list[tuple[Setup, Launched]]) -> None:
         for r in range(cfg.rounds):
-            for stream, conc, n in cells:
+            for mode, conc, n in cells:
                 for setup, launched in running:
-                    cell(setup, launched, stream, conc, n, "stream" if stream else "plain")
+                    cell(setup, launched, mode, conc, n)
             if log:
                 log(f"overhead: round {r + 1}/{cfg.rounds} done")
-    finally:
-        _stop_all(running, fleet)
+
+    def paced_rounds(running: list[tuple[Setup, Launched]]) -> None:
+        for r in range(cfg.rounds):
+            for setup, launched in running:
+                cell(setup, launched, "paced", cfg.concurrency, cfg.paced_requests)
+            if log:
+                log(f"overhead: paced round {r + 1}/{cfg.rounds} done")
+
+    _phase(setups, Fleet(replicas=cfg.replicas, instant=True, log_dir=str(workdir / "fleet")),
+           workdir, "", skipped, instant_rounds)
     if cfg.paced_ms > 0:
         # one token every paced_ms to every running stream: no prefill or per-sequence cost
         paced = Fleet(replicas=cfg.replicas, step_ms=cfg.paced_ms, prefill_us_per_token=0.0,
                       decode_us_per_seq=0.0, log_dir=str(workdir / "fleet-paced"))
-        paced.start()
-        running = []
-        try:
-            running = _launch_all(setups, paced, workdir, "-paced", skipped)
-            for r in range(cfg.rounds):
-                for setup, launched in running:
-                    cell(setup, launched, True, cfg.concurrency, cfg.paced_requests, "paced")
-                if log:
-                    log(f"overhead: paced round {r + 1}/{cfg.rounds} done")
-        finally:
-            _stop_all(running, paced)
+        _phase(setups, paced, workdir, "-paced", skipped, paced_rounds)
     rows = [_row(name, mode, conc, acc) for (name, mode, conc), acc in accs.items()]
     names = [s.name for s in setups]
     rows.sort(key=lambda r: (names.index(r["setup"]),

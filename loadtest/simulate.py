@@ -103,7 +103,9 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
     # the app's post-policy affinities, per process like the app's
     affinity = (Affinities(policy.bound, prompt=config.prompt_affinity)
                 if isinstance(policy, BoundedLoadPrefixPolicy) else None)
-    key_config = KeyConfig(chunk_bytes=1024 if config.prompt_affinity else 0)
+    # prompt chunk hashes only where the prompt affinity uses them, as the app's key_config
+    key_config = (KeyConfig() if affinity is not None and affinity.prompt is not None
+                  else KeyConfig(chunk_bytes=0))
     states: dict[str, ReplicaState] = {s.name: s for s in rset.states()}
 
     heap: list[tuple[float, int, str, Any]] = []
@@ -194,7 +196,7 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
 # -- inputs -----------------------------------------------------------------------------------
 
 _BLOCK = 512
-_KEY_TEXT_LIMIT = 65536  # routing.max_prefix_chars
+_KEY_TEXT_LIMIT = KeyConfig.max_prefix_chars  # as far as the router reads a prompt
 
 
 def _block_ids(block_id: int, cache: dict[int, tuple[int, ...]]) -> tuple[int, ...]:

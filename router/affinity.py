@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import xxhash
 
 from router.keys import RoutingKey
-from router.policy import Branch, Decision, LoadBound
+from router.policy import Branch, Decision, LoadBound, moved_decision
 from router.replicas import ReplicaState
 
 __all__ = ["Affinities", "ConversationAffinity", "PromptAffinity"]
@@ -24,8 +24,7 @@ def move_to(decision: Decision, name: str, states: Sequence[ReplicaState],
     target = next((s for s in states if s.name == name and s.available), None)
     if target is None or not bound.admits(target, states):
         return decision
-    return Decision(name, Branch.CONVERSATION,
-                    (name, *(c for c in decision.candidates if c != name)), decision.home)
+    return moved_decision(name, Branch.CONVERSATION, decision.candidates, decision.home)
 
 
 class ConversationAffinity:
@@ -128,7 +127,6 @@ class PromptAffinity:
         while len(where) > self.size:
             where.popitem(last=False)
         return decision
-
 
 
 class Affinities:

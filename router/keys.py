@@ -129,7 +129,8 @@ def key_config(r: RoutingSettings) -> KeyConfig:
     """The key settings of a validated ``routing:`` section (the app and ``hash-key`` share it)."""
     return KeyConfig(min_prefix_chars=r.min_prefix_chars, max_prefix_chars=r.max_prefix_chars,
                      key_header=r.key_header, session_header=r.session_header,
-                     chunk_bytes=1024 if r.prompt_affinity and r.policy == "prefix" else 0)
+                     chunk_bytes=KeyConfig.chunk_bytes
+                     if r.prompt_affinity and r.policy == "prefix" else 0)
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,9 @@ def prompt_chunks(path: str, body: Mapping[str, Any], config: KeyConfig = KeyCon
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         return ()
-    data = prompt.encode("utf-8", "surrogatepass")[: config.max_prefix_chars]
+    # every character is at least one byte: encoding the first max_prefix_chars is enough
+    limit = config.max_prefix_chars
+    data = prompt[:limit].encode("utf-8", "surrogatepass")[:limit]
     size = config.chunk_bytes
     model = body.get("model")
     h = xxhash.xxh3_64_intdigest(model.encode("utf-8", "surrogatepass")

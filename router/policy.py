@@ -176,11 +176,11 @@ class BoundedLoadPrefixPolicy:
             return loads[name] < cap(available[name], total_load, total_weight)
 
         if under_cap(home):
-            return _decision(home, _home_branch(key.source), order, home)
+            return moved_decision(home, _home_branch(key.source), order, home)
         for name in self._spill_order(order, key):
             if under_cap(name):
-                return _decision(name, Branch.SPILL, order, home)
-        return _decision(_least_loaded(available, order), Branch.FALLBACK, order, home)
+                return moved_decision(name, Branch.SPILL, order, home)
+        return moved_decision(_least_loaded(available, order), Branch.FALLBACK, order, home)
 
     def _spill_order(self, order: list[str], key: RoutingKey) -> list[str]:
         rest = order[1:]
@@ -254,7 +254,8 @@ def _home_branch(source: KeySource) -> Branch:
     return Branch.HOME
 
 
-def _decision(chosen: str, branch: Branch, order: list[str], home: str | None) -> Decision:
+def moved_decision(chosen: str, branch: Branch, order: Sequence[str], home: str | None) -> Decision:
+    """A decision for ``chosen`` whose retry order is ``chosen`` then the rest of ``order``."""
     return Decision(chosen, branch, (chosen, *(n for n in order if n != chosen)), home)
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -50,7 +51,7 @@ import aiohttp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from loadtest._net import free_port, http_get
+from loadtest._net import free_port, http_ok
 from loadtest.fleet import Fleet
 from loadtest.overhead import chat_body
 from loadtest.setups import cpu_seconds
@@ -64,12 +65,18 @@ def system_prompt() -> str:
             + synthetic_text(random.Random(7), SYSTEM_WORDS))
 
 
+@functools.cache
+def _fixed_body(stream: bool) -> bytes:
+    """The overhead benchmark's body (one for every request), built once."""
+    obj = chat_body(stream, 16)
+    if stream:
+        obj["stream_options"] = {"include_usage": True}
+    return json.dumps(obj).encode()
+
+
 def body(i: int, stream: bool, system: str, workload: str = "unique") -> bytes:
     if workload == "fixed":
-        obj = chat_body(stream, 16)
-        if stream:
-            obj["stream_options"] = {"include_usage": True}
-        return json.dumps(obj).encode()
+        return _fixed_body(stream)
     obj = {
         "model": "sim-model", "max_tokens": 16, "temperature": 0, "stream": stream,
         "messages": [{"role": "system", "content": system},
@@ -154,8 +161,7 @@ def _start(argv: list[str], what: str, **popen: Any) -> tuple[subprocess.Popen[b
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        got = http_get(url + "/health")
-        if got is not None and got[0] == 200:
+        if http_ok(url + "/health"):
             return proc, url
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with {proc.returncode}")
