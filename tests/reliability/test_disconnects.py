@@ -197,7 +197,9 @@ def run_drops(fleet: Fleet, srv: ThreadedServer, app: RouterApp, *, stream: bool
     while time.monotonic() - settle < 8:   # aiohttp's idle pool keep-alive is 4 s
         clients_left = len(established(_pid(), local_port=srv.port))
         upstream_left = len(established(_pid(), remote_ports=upstream_ports))
-        if clients_left == 0 and upstream_left <= upstream_before:
+        # connection-closing tasks may still be finishing; a leaked task never does
+        tasks_after = router_tasks(app)
+        if clients_left == 0 and upstream_left <= upstream_before and tasks_after <= tasks_before:
             break
         time.sleep(0.1)
     return dict(sent=n, dispatched=requests, aborted=aborts, waiting_at_drop=waiting,
@@ -205,7 +207,7 @@ def run_drops(fleet: Fleet, srv: ThreadedServer, app: RouterApp, *, stream: bool
                 replica_in_flight=sum(s.in_flight for s in app.replicas.states()),
                 open_requests=app._open, client_sockets_left=clients_left,
                 upstream_sockets_before=upstream_before, upstream_sockets_left=upstream_left,
-                tasks_before=tasks_before, tasks_after=router_tasks(app))
+                tasks_before=tasks_before, tasks_after=tasks_after)
 
 
 def _pid() -> int:
