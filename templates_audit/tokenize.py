@@ -20,7 +20,9 @@ replica compute depends on the tokeniser. Two implementations share one small pr
 
 Cost: default tokeniser O(len(text)) on a cache miss (one regex pass), O(lines) on a hit: each
 line's ids are cached as one tuple ending in the newline token, so a text is a C-level extend per
-line; offsets (new templates only) are computed uncached.
+line; offsets (new templates only) are computed uncached. A new line that differs from an
+earlier one only in its ASCII digits (a timestamp, a date, an order number) costs a lookup per
+digit group instead of the regex pass (see :data:`_SHAPES`).
 """
 
 from __future__ import annotations
@@ -146,12 +148,89 @@ def _line_with_offsets(line: str) -> tuple[list[int], list[int]]:
     return ids, offs
 
 
+# Lines that differ only in their ASCII digits (timestamps, dates, ticket and order numbers:
+# the most common volatile values) have the same piece boundaries — every pattern above treats
+# the ten digits alike — so a line is keyed by its *shape* (UTF-8 bytes, digits -> "0") too.
+# A shape seen twice gets a :data:`_Plan`: the ids of the digit-free pieces, and where the pieces
+# holding digits are (digit groups, or special tokens such as ``<|reserved_12|>``), which are
+# the only ones looked up per line. A shape seen once costs one translate and one dict entry.
+_SHAPE_TABLE = bytes.maketrans(b"123456789", b"000000000")
+# (ids before the first digit piece, ((start, end, is_special, ids after that piece), ...))
+_Plan = tuple[tuple[int, ...], tuple[tuple[int, int, bool, tuple[int, ...]], ...]]
+_SHAPES: dict[bytes, _Plan | None] = {}
+_SHAPES_MAX = 1 << 15
+_HAS_DIGIT = re.compile(r"[0-9]").search
+
+
+def _plan(line: str) -> _Plan:
+    """The plan of ``line``'s shape (see :data:`_SHAPES`); ``line`` holds an ASCII digit."""
+    head: list[int] = []
+    run = head
+    slots: list[tuple[int, int, bool, tuple[int, ...]]] = []
+    pending: tuple[int, int, bool] | None = None
+
+    def piece(start: int, end: int, special: bool) -> None:
+        nonlocal run, pending
+        text = line[start:end]
+        if _HAS_DIGIT(text) is None:
+            run.extend((_special_id(text),) if special else _piece_ids(text))
+            return
+        if pending is not None:
+            slots.append((*pending, tuple(run)))
+        pending, run = (start, end, special), []
+
+    pattern = _PIECE_ASCII if line.isascii() else _PIECE
+    pos = 0
+    for m in _SPECIAL.finditer(line):
+        for p in pattern.finditer(line, pos, m.start()):
+            piece(p.start(), p.end(), False)
+        piece(m.start(), m.end(), True)
+        pos = m.end()
+    for p in pattern.finditer(line, pos):
+        piece(p.start(), p.end(), False)
+    run.append(_NEWLINE_ID)
+    if pending is not None:
+        slots.append((*pending, tuple(run)))
+    return tuple(head), tuple(slots)
+
+
+def _planned(line: str, plan: _Plan) -> tuple[int, ...]:
+    """``_encode_line(line)`` from the plan of its shape: only the digit pieces are looked up."""
+    head, slots = plan
+    out = list(head)
+    get = _PIECE_IDS.get
+    for start, end, special, after in slots:
+        text = line[start:end]
+        if special:
+            out.append(_special_id(text))
+        else:
+            ids = get(text)
+            if ids is None:
+                ids = _PIECE_IDS[text] = _piece_ids(text)
+            out += ids
+        out += after
+    return tuple(out)
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def _encode_line(line: str) -> tuple[int, ...]:
     """Token ids of one line (no newline inside) followed by a newline token. Cached: prompts
-    repeat lines; the trailing newline lets a text be encoded as one flatten of cached lines."""
+    repeat lines; the trailing newline lets a text be encoded as one flatten of cached lines.
+    A new line whose shape (:data:`_SHAPES`) repeats is assembled from the shape's plan."""
     if not line:
         return _NEWLINE
+    raw = line.encode("utf-8", "surrogatepass")
+    shape = raw.translate(_SHAPE_TABLE)
+    if 48 in shape:  # b"0": the line holds an ASCII digit
+        plan = _SHAPES.get(shape, False)
+        if plan:
+            return _planned(line, plan)  # type: ignore[arg-type]
+        if len(_SHAPES) >= _SHAPES_MAX:
+            _SHAPES.clear()
+        if plan is None:  # the second line of this shape: plan it
+            plan = _SHAPES[shape] = _plan(line)
+            return _planned(line, plan)
+        _SHAPES[shape] = None
     if "<" not in line and "[" not in line:
         ids = _plain_ids(line)
     else:
