@@ -127,7 +127,7 @@ class Auditor:
         else:
             entry = None
         offsets: list[int] | None = None
-        found: tuple[TemplateState | None, str] | None = None
+        found: tuple[TemplateState | None, str, tuple[int, int] | None] | None = None
         lines: tuple[int, int] | None = None
         same_from: int | None = None
         if self._line_tokenizer and (end == 0 or prompt.text[end - 1] == "\n"):
@@ -137,9 +137,10 @@ class Auditor:
             else:
                 if tpl is None:
                     found = self._find(record, static_text, key)
-                    tpl = found[0]
+                    tpl, lines = found[0], found[2]
                 if tpl is not None and (not tpl.static_text or tpl.static_text[-1] == "\n"):
-                    lines = changed_range(tpl.static_text, static_text)
+                    if lines is None:
+                        lines = changed_range(tpl.static_text, static_text)
                     static_ids, same_from = _splice_ids(self.tokenizer, tpl, static_text, lines)
                 else:
                     static_ids = self.tokenizer.encode(static_text)
@@ -196,17 +197,24 @@ class Auditor:
                 self.add(item)
 
     # -- templates ----------------------------------------------------------------------------
-    def _find(self, record: Record, text: str, key: int) -> tuple[TemplateState | None, str]:
-        """The known template of a static text not seen before (None) and its masked key."""
-        tid, masked = self.index.find(record.model or "", text, key)
-        return (self.templates[tid] if tid is not None else None), masked
+    def _find(self, record: Record, text: str, key: int
+              ) -> tuple[TemplateState | None, str, tuple[int, int] | None]:
+        """The known template of a static text not seen before (None), its masked key ("" when
+        a template was found) and, when known, the reference's ``changed_range`` lines."""
+        model = record.model or ""
+        near = self.index.find_near(model, text, key)
+        if near is not None:
+            return self.templates[near[0]], "", near[1]
+        tid, masked = self.index.find(model, text, key)
+        return (self.templates[tid] if tid is not None else None), masked, None
 
     def _template(self, record: Record, prompt: Prompt, static_ids: list[int],
                   offsets: list[int] | None, key: int,
-                  found: tuple[TemplateState | None, str] | None = None) -> TemplateState:
+                  found: tuple[TemplateState | None, str, tuple[int, int] | None] | None = None
+                  ) -> TemplateState:
         model = record.model or ""
         text = prompt.static_text
-        tpl, masked = found if found is not None else self._find(record, text, key)
+        tpl, masked, _ = found if found is not None else self._find(record, text, key)
         if tpl is not None:
             return tpl
         tid = f"tpl-{masked[:10]}"

@@ -6,6 +6,11 @@ Three lookups, cheapest first:
 1. **exact**: the static text itself (model included) was seen before -> its template.
 2. **masked**: every line with its detector matches (``scan``) replaced by ``<kind>`` placeholders;
    same masked text -> same template. This absorbs dates, times, ids, emails, versions...
+   :meth:`TemplateIndex.find_near` reaches the same answer without masking every line: it
+   guesses the template from the text's first or last :data:`GUESS_CHARS` characters (the
+   latest :data:`GUESS_TEMPLATES` templates sharing them), finds
+   the lines where the text differs from that template's reference (``changed_range``) and
+   masks only those; equal masks there mean equal masked texts.
 3. **similar** (values no detector knows: names, cities, injected paragraphs):
    * multi-line texts vote with their distinct masked lines against an inverted index of every
      template's reference lines; the best template wins if it shares at least
@@ -31,10 +36,12 @@ from collections.abc import Callable
 import xxhash
 
 from templates_audit.detectors import Kind, classify
-from templates_audit.findings import common_prefix, common_suffix, line_matches
+from templates_audit.findings import changed_range, common_prefix, common_suffix, line_matches
 
-__all__ = ["LINE_SIMILARITY", "TemplateIndex", "mask_line"]
+__all__ = ["GUESS_CHARS", "LINE_SIMILARITY", "TemplateIndex", "mask_line"]
 
+GUESS_CHARS = 64
+GUESS_TEMPLATES = 4
 LINE_SIMILARITY = 0.6
 MIN_LINES = 4
 MAX_POSTING = 32
@@ -81,6 +88,10 @@ class TemplateIndex:
         self._nlines: dict[str, int] = {}
         self._short: dict[str, deque[tuple[str, str]]] = {}
         self._value_like = value_like
+        # find_near: each template's reference text and masked key, and the latest
+        # GUESS_TEMPLATES templates per (model, first or last GUESS_CHARS characters of it).
+        self._refs: dict[str, tuple[str, int]] = {}
+        self._guess: dict[tuple[str, str], deque[str]] = {}
 
     @staticmethod
     def _remember(lru: OrderedDict[int, str], key: int, tid: str) -> None:
@@ -110,11 +121,35 @@ class TemplateIndex:
             self._remember(self._exact, exact_key, tid)
         return tid, f"{mkey:016x}"
 
+    def find_near(self, model: str, text: str, exact_key: int) -> tuple[str, tuple[int, int]] | None:
+        """What :meth:`find` returns when the text's masked key is a template's reference's —
+        found by masking only the lines where the text differs from a guessed template — and
+        those lines' ``changed_range``; None: ask :meth:`find`. Call after
+        :meth:`lookup_exact` missed."""
+        for guess in (text[:GUESS_CHARS], text[-GUESS_CHARS:]):
+            for tid in self._guess.get((model, guess), ()):
+                ref, mkey = self._refs[tid]
+                lo, hi = changed_range(ref, text)
+                # Both texts agree outside these whole lines, and masking works line by line
+                # (lines masked here are cached for find, should the guess be wrong).
+                ours = text[lo:len(text) - (len(ref) - hi)].split("\n")
+                theirs = ref[lo:hi].split("\n")
+                if (len(ours) == len(theirs)
+                        and list(map(mask_line, ours)) == list(map(mask_line, theirs))
+                        and self._masked.get(mkey) == tid):
+                    self._remember(self._exact, exact_key, tid)
+                    return tid, (lo, hi)
+        return None
+
     def add(self, tid: str, model: str, text: str, exact_key: int) -> None:
         """Register a new template whose reference static text is ``text``."""
         lines = list(map(mask_line, text.split("\n")))
+        mkey = _h(model + "\x00" + "\n".join(lines))
         self._remember(self._exact, exact_key, tid)
-        self._remember(self._masked, _h(model + "\x00" + "\n".join(lines)), tid)
+        self._remember(self._masked, mkey, tid)
+        self._refs[tid] = (text, mkey)
+        for guess in {text[:GUESS_CHARS], text[-GUESS_CHARS:]}:
+            self._guess.setdefault((model, guess), deque(maxlen=GUESS_TEMPLATES)).appendleft(tid)
         distinct = {_h(model + "\x00" + ln) for ln in lines if ln.strip()}
         self._nlines[tid] = len(distinct)
         if len(distinct) >= MIN_LINES:
