@@ -35,7 +35,13 @@ import functools
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from templates_audit.blocks import NONE_HASH, PrefixCache, block_hashes, chain_blocks, hit_rate
+from templates_audit.blocks import (
+    NONE_HASH,
+    PrefixCache,
+    block_hashes,
+    chain_token_hashes,
+    hit_rate,
+)
 from templates_audit.findings import Span, changed_range, diff_spans
 from templates_audit.grouping import TemplateIndex
 from templates_audit.model import BadLine, Finding, Report, Role, Summary, Template
@@ -176,11 +182,12 @@ class Auditor:
             start = len(prefix) * bs
             if same_from is not None and len(ids) == len(tpl.static_ids):
                 # From block `reuse` on, this static part's blocks are the reference's tokens at
-                # the same positions (the edit kept the token count): chain over the
-                # reference's block tuples instead of cutting new ones.
+                # the same positions (the edit kept the token count): chain the reference's
+                # block token hashes instead of cutting and hashing new blocks.
                 reuse = max(-(-same_from // bs), len(prefix))
                 hashes = prefix + _chain(prefix, ids[start:reuse * bs], bs)
-                hashes += chain_blocks(tpl.blocks(bs)[reuse:], hashes[-1] if hashes else NONE_HASH)
+                hashes += chain_token_hashes(tpl.token_hashes(bs)[reuse:],
+                                             hashes[-1] if hashes else NONE_HASH)
             else:
                 hashes = prefix + _chain(prefix, ids[start:], bs)
             entry = StaticPart(text, ids, Head(hashes), diff_spans(tpl.static_text, text, lines))

@@ -9,10 +9,12 @@ What vLLM (V1 engine, ``--enable-prefix-caching``) does, and what this module re
   and cached; a partial last block is never reused.
 * Block hashes are **chained**: block *i*'s hash covers its own tokens and block *i-1*'s hash, so
   the same 16 tokens after a different prefix hash differently (a miss). Here the chain is
-  ``h_i = hash((h_{i-1}, tokens_i))`` — CPython's tuple hash over ints, which is deterministic
-  across processes (ints are not randomised by PYTHONHASHSEED) and about twice as fast as packing
-  the ids for xxh3 — with the first seed derived from an optional cache salt (vLLM's
-  ``cache_salt``). vLLM uses sha256 (or its builtin-hash option, the same idea as here); the hash
+  ``h_i = hash((h_{i-1}, hash(tokens_i)))`` — CPython's tuple hash over ints, which is
+  deterministic across processes (ints are not randomised by PYTHONHASHSEED) and about twice as
+  fast as packing the ids for xxh3 — with the first seed derived from an optional cache salt
+  (vLLM's ``cache_salt``). The tokens' own hash is a separate step so that a caller re-chaining
+  known blocks after a new parent (the auditor's reference prompt after a changed value) hashes
+  each block's tokens once, not once per chain (:func:`chain_token_hashes`). vLLM uses sha256 (or its builtin-hash option, the same idea as here); the hash
   function differs, the equality relation between blocks is the same.
 * A request's cache hit is the longest run of leading blocks whose hashes are cached, but never the
   whole prompt: vLLM must compute at least one prompt token to produce logits, so the hit is capped
@@ -44,7 +46,8 @@ from typing import cast
 
 import xxhash
 
-__all__ = ["NONE_HASH", "Allocation", "PrefixCache", "block_hashes", "chain_blocks", "hit_rate"]
+__all__ = ["NONE_HASH", "Allocation", "PrefixCache", "block_hashes", "chain_token_hashes",
+           "hit_rate"]
 
 NONE_HASH = 0x5F3759DF_2B992DDF  # seed of the first block when no cache salt is given
 
@@ -74,18 +77,19 @@ def block_hashes(
     # zip over block_size references to one iterator yields the full blocks as tuples (in C);
     # a partial last block is dropped.
     it = iter(token_ids)
-    return chain_blocks(zip(*([it] * block_size), strict=False), h)
+    return chain_token_hashes(map(hash, zip(*([it] * block_size), strict=False)), h)
 
 
-def chain_blocks(blocks: Iterable[tuple[int, ...]], parent: int) -> list[int]:
-    """The chain step of :func:`block_hashes` over ready-made block tuples: ``parent`` is the
-    hash of the block before the first (``NONE_HASH`` or the salted seed for a new chain). A
-    caller that already holds the tuples (a reference prompt's) saves building them again."""
+def chain_token_hashes(token_hashes: Iterable[int], parent: int) -> list[int]:
+    """The chain step of :func:`block_hashes` over the blocks' token hashes (``hash`` of each
+    block's tuple of ids): ``parent`` is the hash of the block before the first (``NONE_HASH``
+    or the salted seed for a new chain). A caller that keeps the token hashes of a prompt's
+    blocks (a reference prompt's) re-chains them after a new parent without rehashing tokens."""
     h = parent
     out: list[int] = []
     append = out.append
-    for block in blocks:
-        h = hash((h, block))
+    for th in token_hashes:
+        h = hash((h, th))
         append(h)
     return out
 

@@ -76,14 +76,15 @@ class TemplateState:
     requests: int = 0
     spans: list[SpanStats] = field(default_factory=list)
     overflow: int = 0  # spans dropped beyond MAX_SPANS
-    _blocks: list[tuple[int, ...]] | None = None
+    _token_hashes: list[int] | None = None
 
-    def blocks(self, block_size: int) -> list[tuple[int, ...]]:
-        """The reference's full blocks of ``static_ids`` as tuples (built once, on first use)."""
-        if self._blocks is None:
+    def token_hashes(self, block_size: int) -> list[int]:
+        """The token hashes of the reference's full blocks of ``static_ids``
+        (:func:`.blocks.chain_token_hashes`; computed once, on first use)."""
+        if self._token_hashes is None:
             it = iter(self.static_ids)
-            self._blocks = list(zip(*([it] * block_size), strict=False))
-        return self._blocks
+            self._token_hashes = list(map(hash, zip(*([it] * block_size), strict=False)))
+        return self._token_hashes
 
     def token_at(self, char: int) -> int:
         return max(bisect.bisect_right(self.offsets, char) - 1, 0)

@@ -281,7 +281,8 @@ def test_spliced_static_tokens_equal_a_fresh_tokenisation() -> None:
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 def test_static_part_hashes_equal_a_fresh_chain(block_size: int) -> None:
     """A new static part's block hashes (shared head, spliced tokens, the reference's block
-    tuples reused after an edit that keeps the token count) equal block_hashes of its tokens."""
+    token hashes re-chained after an edit that keeps the token count) equal block_hashes of its
+    tokens."""
     tok = default_tokenizer()
     rng = random.Random(block_size)
     lines = [f"Rule {i}: answer about topic {i % 7} in plain words." for i in range(40)]
