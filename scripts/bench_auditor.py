@@ -3,7 +3,8 @@
 
 Synthetic trace: ``--templates`` system prompts of ~2k default-tokenizer tokens each (numbered
 rules): 40 % static, 25 % with a per-day date, 20 % with a per-user name, 15 % with a per-request
-timestamp near the top (``MIX``); every request has its own user turn. Lines are JSONL chat bodies.
+timestamp near the top (``MIX``); every request has its own user turn
+(``--user-turns``: numbers or words, see :func:`user_turn`). Lines are JSONL chat bodies.
 
 * ``throughput``: writes ``--requests`` lines to a temp file, then times what the CLI does —
   stream + parse (:func:`iter_trace`) and :class:`Auditor` (render, tokenise, group, diff, both
@@ -32,6 +33,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from loadtest.workloads import synthetic_text
 from templates_audit.analysis import DEFAULT_CACHE_BLOCKS, Auditor
 from templates_audit.tokenize import load_tokenizer
 from templates_audit.traces import iter_trace, parse_record
@@ -72,8 +74,17 @@ def template_kinds(templates: int, mix: tuple[tuple[str, float], ...] = MIX) -> 
     return kinds + [mix[0][0]] * (templates - len(kinds))
 
 
-def lines(n: int, templates: int, seed: int = 1, mix: tuple[tuple[str, float], ...] = MIX
-          ) -> Iterator[bytes]:
+def user_turn(i: int, rng: random.Random, style: str) -> str:
+    """``numbers``: the same question with a request number and an order number (a line that
+    differs from the others only in digits, which the tokenizer assembles from the line's
+    shape); ``words``: 12 random common words (a new line of known words: a regex pass)."""
+    if style == "words":
+        return synthetic_text(rng, 12, line_words=12)
+    return f"Question {i}: what about my order {rng.randrange(10**6)}?"
+
+
+def lines(n: int, templates: int, seed: int = 1, mix: tuple[tuple[str, float], ...] = MIX,
+          user: str = "numbers") -> Iterator[bytes]:
     rng = random.Random(seed)
     prompts = [system_prompt(t) for t in range(templates)]
     kinds = template_kinds(templates, mix)
@@ -82,7 +93,7 @@ def lines(n: int, templates: int, seed: int = 1, mix: tuple[tuple[str, float], .
         system = prompts[t].replace("{volatile}", volatile(kinds[t], i, n, rng))
         body = {"model": "m", "messages": [
             {"role": "system", "content": system},
-            {"role": "user", "content": f"Question {i}: what about my order {rng.randrange(10**6)}?"},
+            {"role": "user", "content": user_turn(i, rng, user)},
         ]}
         yield json.dumps(body).encode() + b"\n"
 
@@ -173,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=20000)
     p.add_argument("--hf-requests", type=int, default=5000)
     p.add_argument("--templates", type=int, default=30)
+    p.add_argument("--user-turns", choices=("numbers", "words"), default="numbers",
+                   help="what varies in each request's user turn (see user_turn)")
     p.add_argument("--memory", type=int, nargs="*", default=[10000, 100000])
     p.add_argument("--compare", type=int, default=5000,
                    help="requests for the lazy-vs-exact replay comparison")
@@ -193,11 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.jsonl"
         with trace.open("wb") as fh:
-            fh.writelines(lines(args.requests, args.templates))
+            fh.writelines(lines(args.requests, args.templates, user=args.user_turns))
         size = trace.stat().st_size
         n, secs, avg = audit_file(trace, None)
-        print(f"default tokenizer: {n:,} requests (~{avg:,.0f} tokens each, {size / 2**20:,.0f} MiB) "
-              f"in {secs:.2f} CPU s = {n / secs:,.0f} requests/s")
+        print(f"default tokenizer: {n:,} requests (~{avg:,.0f} tokens each, {size / 2**20:,.0f} MiB, "
+              f"user turns: {args.user_turns}) in {secs:.2f} CPU s = {n / secs:,.0f} requests/s")
         try:
             tok = Path(tmp) / "tokenizer.json"
             train_tokenizer(tok, args.templates)
