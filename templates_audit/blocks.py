@@ -14,8 +14,9 @@ What vLLM (V1 engine, ``--enable-prefix-caching``) does, and what this module re
   fast as packing the ids for xxh3 — with the first seed derived from an optional cache salt
   (vLLM's ``cache_salt``). The tokens' own hash is a separate step so that a caller re-chaining
   known blocks after a new parent (the auditor's reference prompt after a changed value) hashes
-  each block's tokens once, not once per chain (:func:`chain_token_hashes`). vLLM uses sha256 (or its builtin-hash option, the same idea as here); the hash
-  function differs, the equality relation between blocks is the same.
+  each block's tokens once, not once per chain (:func:`chain_token_hashes`). vLLM uses sha256
+  (or its builtin-hash option, the same idea as here); the hash function differs, the equality
+  relation between blocks is the same.
 * A request's cache hit is the longest run of leading blocks whose hashes are cached, but never the
   whole prompt: vLLM must compute at least one prompt token to produce logits, so the hit is capped
   at ``(num_tokens - 1) // block_size`` blocks.

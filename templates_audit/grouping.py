@@ -8,9 +8,9 @@ Three lookups, cheapest first:
    same masked text -> same template. This absorbs dates, times, ids, emails, versions...
    :meth:`TemplateIndex.find_near` reaches the same answer without masking every line: it
    guesses the template from the text's first or last :data:`GUESS_CHARS` characters (the
-   latest :data:`GUESS_TEMPLATES` templates sharing them), finds
-   the lines where the text differs from that template's reference (``changed_range``) and
-   masks only those; equal masks there mean equal masked texts.
+   latest :data:`GUESS_TEMPLATES` templates sharing them), finds the lines where the text
+   differs from that template's reference (``changed_range``) and masks only those; equal masks
+   there mean equal masked texts.
 3. **similar** (values no detector knows: names, cities, injected paragraphs):
    * multi-line texts vote with their distinct masked lines against an inverted index of every
      template's reference lines; the best template wins if it shares at least

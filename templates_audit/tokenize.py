@@ -158,7 +158,9 @@ _SHAPE_TABLE = bytes.maketrans(b"123456789", b"000000000")
 # (ids before the first digit piece, ((start, end, is_special, ids after that piece), ...))
 _Plan = tuple[tuple[int, ...], tuple[tuple[int, int, bool, tuple[int, ...]], ...]]
 _SHAPES: dict[bytes, _Plan | None] = {}
-_SHAPES_MAX = 1 << 15
+_SHAPES_MAX = 1 << 15  # entries, and
+_SHAPES_MAX_BYTES = 8 << 20  # bytes of the keys: cleared when either is reached
+_shapes_bytes = 0
 _HAS_DIGIT = re.compile(r"[0-9]").search
 
 
@@ -225,12 +227,15 @@ def _encode_line(line: str) -> tuple[int, ...]:
         plan = _SHAPES.get(shape, False)
         if plan:
             return _planned(line, plan)  # type: ignore[arg-type]
-        if len(_SHAPES) >= _SHAPES_MAX:
-            _SHAPES.clear()
         if plan is None:  # the second line of this shape: plan it
             plan = _SHAPES[shape] = _plan(line)
             return _planned(line, plan)
+        global _shapes_bytes
+        if len(_SHAPES) >= _SHAPES_MAX or _shapes_bytes >= _SHAPES_MAX_BYTES:
+            _SHAPES.clear()
+            _shapes_bytes = 0
         _SHAPES[shape] = None
+        _shapes_bytes += len(shape)
     if "<" not in line and "[" not in line:
         ids = _plain_ids(line)
     else:

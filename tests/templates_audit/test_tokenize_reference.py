@@ -175,3 +175,16 @@ def test_lines_differing_only_in_digits_tokenise_as_before(seed: int) -> None:
         shape = line.encode("utf-8", "surrogatepass").translate(tokenize._SHAPE_TABLE)
         planned += bool(tokenize._SHAPES.get(shape))
     assert planned > 300  # most shapes were seen at least twice, so planned
+
+
+def test_shape_memory_is_bounded_by_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from templates_audit import tokenize
+
+    monkeypatch.setattr(tokenize, "_SHAPES_MAX_BYTES", 4096)
+    monkeypatch.setattr(tokenize, "_SHAPES", {})
+    monkeypatch.setattr(tokenize, "_shapes_bytes", 0)
+    new, ref = DefaultTokenizer(), ReferenceTokenizer()
+    for i in range(300):  # unique shapes (the letters differ), ~100 bytes each
+        line = f"{'x' * (i % 50)} id {i} {'y' * (50 - i % 50)} {i * 7} z{i}"
+        assert new.encode(line) == ref.encode(line)
+        assert sum(map(len, tokenize._SHAPES)) <= 4096 + len(line)
