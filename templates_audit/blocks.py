@@ -39,7 +39,7 @@ skips the reference counts altogether.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, filterfalse, islice, repeat
 from operator import is_
@@ -47,8 +47,8 @@ from typing import cast
 
 import xxhash
 
-__all__ = ["NONE_HASH", "Allocation", "PrefixCache", "block_hashes", "chain_token_hashes",
-           "hit_rate"]
+__all__ = ["NONE_HASH", "Allocation", "PrefixCache", "block_hashes", "block_token_hashes",
+           "chain_token_hashes", "hit_rate"]
 
 NONE_HASH = 0x5F3759DF_2B992DDF  # seed of the first block when no cache salt is given
 
@@ -75,10 +75,15 @@ def block_hashes(
     if len(token_ids) < block_size:
         return []
     h = _first_seed(salt) if parent is None else parent
+    return chain_token_hashes(block_token_hashes(token_ids, block_size), h)
+
+
+def block_token_hashes(token_ids: Iterable[int], block_size: int) -> Iterator[int]:
+    """``hash`` of each full block's tuple of ids, the input of :func:`chain_token_hashes`."""
     # zip over block_size references to one iterator yields the full blocks as tuples (in C);
     # a partial last block is dropped.
     it = iter(token_ids)
-    return chain_token_hashes(map(hash, zip(*([it] * block_size), strict=False)), h)
+    return map(hash, zip(*([it] * block_size), strict=False))
 
 
 def chain_token_hashes(token_hashes: Iterable[int], parent: int) -> list[int]:

@@ -65,9 +65,9 @@ def diff_spans(ref: str, req: str, lines: tuple[int, int] | None = None) -> list
 
 def changed_lines(ref: str, bounds: tuple[int, int]) -> tuple[int, int]:
     """``(lo, hi)``: ``ref[lo:hi]`` is the whole lines holding every difference located by
-    ``bounds`` = (common prefix, common suffix no longer than what the prefix leaves). ``lo`` starts the first differing line and ``hi`` is the
-    newline ending the last one (or ``len(ref)``); both texts agree on ``[:lo]`` and on the last
-    ``len(ref) - hi`` characters."""
+    ``bounds`` = (common prefix, common suffix no longer than what the prefix leaves). ``lo``
+    starts the first differing line and ``hi`` is the newline ending the last one (or
+    ``len(ref)``); both texts agree on ``[:lo]`` and on the last ``len(ref) - hi`` characters."""
     p, s = bounds
     hi = ref.find("\n", len(ref) - s)
     return ref.rfind("\n", 0, p) + 1, len(ref) if hi < 0 else hi
@@ -77,8 +77,8 @@ def changed_range(ref: str, req: str) -> tuple[int, int]:
     """`changed_lines` of the texts' character-level common prefix and suffix, without the long
     common-suffix search when every difference lies in one line (the common case: a value
     changed): after the common prefix ``p``, if both texts continue equally from the newline
-    that ends ``p``'s line, the common suffix starts inside that line, so ``hi`` is that newline. A test checks this
-    against the character-level computation on random edits."""
+    that ends ``p``'s line, the common suffix starts inside that line, so ``hi`` is that
+    newline. A test checks this against the character-level computation on random edits."""
     p = common_prefix(ref, req)
     lo = ref.rfind("\n", 0, p) + 1
     end_a, end_b = ref.find("\n", p), req.find("\n", p)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
+from templates_audit.blocks import block_token_hashes
 from templates_audit.findings import Span
 from templates_audit.model import Role
 from templates_audit.replay import Head
@@ -82,8 +83,7 @@ class TemplateState:
         """The token hashes of the reference's full blocks of ``static_ids``
         (:func:`.blocks.chain_token_hashes`; computed once, on first use)."""
         if self._token_hashes is None:
-            it = iter(self.static_ids)
-            self._token_hashes = list(map(hash, zip(*([it] * block_size), strict=False)))
+            self._token_hashes = list(block_token_hashes(self.static_ids, block_size))
         return self._token_hashes
 
     def token_at(self, char: int) -> int:
