@@ -150,9 +150,12 @@ def _launch_all(setups: Sequence[Setup], fleet: Fleet, workdir: Path, suffix: st
             continue
         try:
             launched = launch(setup, replicas, workdir / (setup.name + suffix))
-            if setup.kind == "direct" and fleet.pids and fleet.pids[0] is not None:
-                # direct's cells measure the replica: the capacity the router is compared with
-                launched = Launched(setup, launched.url, None, None, pid=fleet.pids[0])
+            if setup.kind == "direct":
+                # direct's cells measure the replica it targets: the capacity the router is
+                # compared with
+                pid = fleet.pids[fleet.urls.index(launched.url)]
+                if pid is not None:
+                    launched = Launched(setup, launched.url, None, None, pid=pid)
             running.append((setup, launched))
         except SetupError as exc:
             skipped[setup.name] = f"failed to start: {str(exc).splitlines()[0]}"
@@ -187,28 +190,25 @@ def measure(setups: Sequence[Setup], cfg: OverheadConfig, workdir: Path,
         acc = accs.setdefault((setup.name, mode, conc), _Acc())
         _round(launched, setup, mode, conc, max(1, n // cfg.rounds), cfg, acc)
 
-    def instant_rounds(running: list[tuple[Setup, Launched]]) -> None:
-        for r in range(cfg.rounds):
-            for mode, conc, n in cells:
-                for setup, launched in running:
-                    cell(setup, launched, mode, conc, n)
-            if log:
-                log(f"overhead: round {r + 1}/{cfg.rounds} done")
-
-    def paced_rounds(running: list[tuple[Setup, Launched]]) -> None:
-        for r in range(cfg.rounds):
-            for setup, launched in running:
-                cell(setup, launched, "paced", cfg.concurrency, cfg.paced_requests)
-            if log:
-                log(f"overhead: paced round {r + 1}/{cfg.rounds} done")
+    def rounds(cells: list[tuple[str, int, int]], label: str
+               ) -> Callable[[list[tuple[Setup, Launched]]], None]:
+        def run(running: list[tuple[Setup, Launched]]) -> None:
+            for r in range(cfg.rounds):
+                for mode, conc, n in cells:
+                    for setup, launched in running:
+                        cell(setup, launched, mode, conc, n)
+                if log:
+                    log(f"overhead: {label}round {r + 1}/{cfg.rounds} done")
+        return run
 
     _phase(setups, Fleet(replicas=cfg.replicas, instant=True, log_dir=str(workdir / "fleet")),
-           workdir, "", skipped, instant_rounds)
+           workdir, "", skipped, rounds(cells, ""))
     if cfg.paced_ms > 0:
         # one token every paced_ms to every running stream: no prefill or per-sequence cost
         paced = Fleet(replicas=cfg.replicas, step_ms=cfg.paced_ms, prefill_us_per_token=0.0,
                       decode_us_per_seq=0.0, log_dir=str(workdir / "fleet-paced"))
-        _phase(setups, paced, workdir, "-paced", skipped, paced_rounds)
+        _phase(setups, paced, workdir, "-paced", skipped,
+               rounds([("paced", cfg.concurrency, cfg.paced_requests)], "paced "))
     rows = [_row(name, mode, conc, acc) for (name, mode, conc), acc in accs.items()]
     names = [s.name for s in setups]
     rows.sort(key=lambda r: (names.index(r["setup"]),
@@ -235,9 +235,18 @@ def _find(rows: Sequence[Mapping[str, Any]], prefix: str, mode: str,
 
 
 def ratios(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Router vs sglang-router (and nginx), from the high-concurrency CPU runs of one run."""
+    """From the high-concurrency CPU runs of one run: the router (and the passthrough floor)
+    vs sglang-router, nginx and the passthrough; one instant replica's capacity vs the
+    router's; and, at concurrency 1, the added p50 latencies."""
     conc = max((int(r["concurrency"]) for r in rows), default=1)
     out: dict[str, Any] = {}
+
+    def ratio(ours: str, other: str, mode: str, key: str) -> float | None:
+        mine, theirs = _find(rows, ours, mode, conc), _find(rows, other, mode, conc)
+        if mine and theirs and mine.get(key) and theirs.get(key):
+            return float(mine[key] / theirs[key])
+        return None
+
     # CPU per chunk from token-paced streams when measured (the issue's method), else from the
     # instant ones (whose chunks arrive in bursts)
     chunk_mode = "paced" if any(r["mode"] == "paced" for r in rows) else "stream"
@@ -245,17 +254,14 @@ def ratios(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                         ("passthrough", "sglang")):
         prefix = "" if ours == "router" else f"{ours}_"
         for key, mode in (("cpu_per_request", "plain"), ("cpu_per_chunk", chunk_mode)):
-            mine, theirs = _find(rows, ours, mode, conc), _find(rows, other, mode, conc)
-            if mine and theirs and mine.get(key) and theirs.get(key):
-                out[f"{prefix}{key}_vs_{other}"] = mine[key] / theirs[key]
+            if (v := ratio(ours, other, mode, key)) is not None:
+                out[f"{prefix}{key}_vs_{other}"] = v
     for mode in ("plain", "stream"):
         # One instant replica's capacity per core as a multiple of the router's (issue #3:
         # the replica must not be what limits a router benchmark): router CPU per request over
         # the replica's own CPU per request when hit directly, same requests, same run.
-        mine, replica = _find(rows, "router", mode, conc), _find(rows, "direct", mode, conc)
-        if mine and replica and mine.get("cpu_per_request") and replica.get("cpu_per_request"):
-            out[f"replica_capacity_vs_router_{mode}"] = (mine["cpu_per_request"]
-                                                         / replica["cpu_per_request"])
+        if (v := ratio("router", "direct", mode, "cpu_per_request")) is not None:
+            out[f"replica_capacity_vs_router_{mode}"] = v
         r = _find(rows, "router", mode, 1)
         if r is not None:
             out[f"added_p50_c1_{mode}"] = r.get("added_p50")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import resource
 import subprocess
@@ -120,10 +119,11 @@ def audit_file(path: Path, tokenizer: str | None) -> tuple[int, float, float]:
     return report.summary.requests, elapsed, report.summary.prompt_tokens / max(report.summary.requests, 1)
 
 
-def by_kind(n: int, templates: int) -> tuple[float, dict[str, tuple[int, float]]]:
+def by_kind(n: int, templates: int, user: str = "numbers"
+            ) -> tuple[float, dict[str, tuple[int, float]]]:
     """CPU µs per request of parsing, and of ``Auditor.add`` by template kind (records parsed
     beforehand, so in memory; each add timed on its own, which adds ~1 µs of clock reads)."""
-    raws = list(lines(n, templates))
+    raws = list(lines(n, templates, user=user))
     start = time.process_time()
     records = [parse_record(raw[:-1], "kind", i + 1) for i, raw in enumerate(raws)]
     parse_us = (time.process_time() - start) / n * 1e6
@@ -142,12 +142,13 @@ def by_kind(n: int, templates: int) -> tuple[float, dict[str, tuple[int, float]]
     return parse_us, {k: (count[k], spent[k] / count[k] * 1e6) for k, _ in MIX if k in count}
 
 
-def lazy_vs_exact(n: int, templates: int) -> tuple[float, float, float, float]:
+def lazy_vs_exact(n: int, templates: int, user: str = "numbers"
+                  ) -> tuple[float, float, float, float]:
     """Observed/achievable hit rates with the lazy head refresh and with every block inserted."""
     out = []
     for exact in (False, True):
         auditor = Auditor(cache_blocks=DEFAULT_CACHE_BLOCKS, exact_replay=exact)
-        for i, raw in enumerate(lines(n, templates)):
+        for i, raw in enumerate(lines(n, templates, user=user)):
             auditor.add(parse_record(raw[:-1], "cmp", i + 1))
         s = auditor.report().summary
         out += [s.observed_hit_rate, s.achievable_hit_rate]
@@ -167,9 +168,9 @@ def peak_rss_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def memory_child(n: int, templates: int) -> None:
+def memory_child(n: int, templates: int, user: str = "numbers") -> None:
     auditor = Auditor(cache_blocks=DEFAULT_CACHE_BLOCKS)
-    for i, raw in enumerate(lines(n, templates)):
+    for i, raw in enumerate(lines(n, templates, user=user)):
         auditor.add(parse_record(raw[:-1], "mem", i + 1))
         if (i + 1) % 100_000 == 0:  # the curve, not just the end point
             print(f"# {i + 1} requests: peak RSS {peak_rss_kib() / 1024:.0f} MiB", file=sys.stderr,
@@ -177,6 +178,13 @@ def memory_child(n: int, templates: int) -> None:
     report = auditor.report()
     print(json.dumps({"requests": report.summary.requests, "peak_rss_mib": peak_rss_kib() / 1024,
                       "templates": report.summary.templates, "findings": len(report.findings)}))
+
+
+def _child(flag: str, n: int, args: argparse.Namespace) -> str:
+    """Stdout of this script run in a fresh process with ``flag n`` and the same trace options."""
+    return subprocess.run([sys.executable, __file__, flag, str(n), "--templates",
+                           str(args.templates), "--user-turns", args.user_turns],
+                          capture_output=True, text=True, check=True).stdout
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,10 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--by-kind-child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory_child:
-        memory_child(args.memory_child, args.templates)
+        memory_child(args.memory_child, args.templates, args.user_turns)
         return 0
     if args.by_kind_child:
-        parse_us, kinds = by_kind(args.by_kind_child, args.templates)
+        parse_us, kinds = by_kind(args.by_kind_child, args.templates, args.user_turns)
         per = " · ".join(f"{k} {us:,.0f} µs ({c:,})" for k, (c, us) in kinds.items())
         print(f"per request, in memory, {args.by_kind_child:,} requests (fresh process): parsing "
               f"{parse_us:,.0f} µs; audit by template kind: {per}")
@@ -219,23 +227,17 @@ def main(argv: list[str] | None = None) -> int:
         else:
             small = Path(tmp) / "small.jsonl"
             with small.open("wb") as fh:
-                fh.writelines(lines(args.hf_requests, args.templates))
+                fh.writelines(lines(args.hf_requests, args.templates, user=args.user_turns))
             n, secs, avg = audit_file(small, str(tok))
             print(f"--tokenizer (BPE, vocab 4,096): {n:,} requests (~{avg:,.0f} tokens each) in "
                   f"{secs:.2f} CPU s = {n / secs:,.0f} requests/s")
     if args.by_kind:
-        out = subprocess.run([sys.executable, __file__, "--by-kind-child", str(args.by_kind),
-                              "--templates", str(args.templates)],
-                             capture_output=True, text=True, check=True, env=dict(os.environ))
-        print(out.stdout.strip())
-    lo, la, eo, ea = lazy_vs_exact(args.compare, args.templates)
+        print(_child("--by-kind-child", args.by_kind, args).strip())
+    lo, la, eo, ea = lazy_vs_exact(args.compare, args.templates, args.user_turns)
     print(f"bounded pool, {args.compare:,} requests: lazy head refresh observed {lo:.5f} / "
           f"achievable {la:.5f}; every block inserted {eo:.5f} / {ea:.5f}")
     for n in args.memory:
-        out = subprocess.run([sys.executable, __file__, "--memory-child", str(n),
-                              "--templates", str(args.templates)],
-                             capture_output=True, text=True, check=True, env=dict(os.environ))
-        stats = json.loads(out.stdout)
+        stats = json.loads(_child("--memory-child", n, args))
         print(f"memory: {stats['requests']:,} requests -> peak RSS {stats['peak_rss_mib']:,.0f} MiB "
               f"({stats['templates']} templates, {stats['findings']} findings)")
     return 0

@@ -65,13 +65,16 @@ def system_prompt() -> str:
             + synthetic_text(random.Random(7), SYSTEM_WORDS))
 
 
-@functools.cache
-def _fixed_body(stream: bool) -> bytes:
-    """The overhead benchmark's body (one for every request), built once."""
-    obj = chat_body(stream, 16)
+def _encode(obj: dict[str, Any], stream: bool) -> bytes:
     if stream:
         obj["stream_options"] = {"include_usage": True}
     return json.dumps(obj).encode()
+
+
+@functools.cache
+def _fixed_body(stream: bool) -> bytes:
+    """The overhead benchmark's body (one for every request), built once."""
+    return _encode(chat_body(stream, 16), stream)
 
 
 def body(i: int, stream: bool, system: str, workload: str = "unique") -> bytes:
@@ -82,9 +85,7 @@ def body(i: int, stream: bool, system: str, workload: str = "unique") -> bytes:
         "messages": [{"role": "system", "content": system},
                      {"role": "user", "content": f"Ticket {i} ({random.getrandbits(48):x}): "
                                                  "how do I reset my password?"}]}
-    if stream:
-        obj["stream_options"] = {"include_usage": True}
-    return json.dumps(obj).encode()
+    return _encode(obj, stream)
 
 
 @dataclass

