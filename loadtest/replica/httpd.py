@@ -275,7 +275,10 @@ class _Connection(asyncio.Protocol):
     the app: a body still arriving at the end of a read, ``Expect: 100-continue``), and its
     first step runs at once, inside the read: an instant reply is written before the read
     returns, with no task and no extra event-loop iteration. Only an app that has to wait gets a
-    task (`_resume`).
+    task (`_resume`). So during that first step ``asyncio.current_task()`` is None: an app that
+    needs a task there (``asyncio.timeout``, a ``TaskGroup``) must await something first. The
+    replica's app does not. A queued (pipelined) exchange starts when the one before it is
+    done, whether or not its body has arrived.
     """
 
     def __init__(self, server: Server) -> None:
@@ -407,7 +410,10 @@ class _Connection(asyncio.Protocol):
 
     # -- exchanges -------------------------------------------------------------------------------
     def _launch(self, ex: _Exchange) -> None:
-        """Run the app for `ex`: its first step now, the rest (if it waits) in a task."""
+        """Run the app for `ex`: its first step now, the rest (if it waits) in a task. Every
+        path that may start an exchange calls this; it starts each at most once."""
+        if ex.running or self.closed:
+            return
         ex.running = True
         self.requests += 1
         coro = self._run(ex)
@@ -459,10 +465,11 @@ class _Connection(asyncio.Protocol):
             return
         self.active = None
         if self.queue:
-            # Pipelined requests: the next one starts on the next loop iteration (no recursion).
+            # Pipelined requests: the next one starts on the next loop iteration (no recursion),
+            # complete or not: a body still arriving (reading may be paused at the high water
+            # mark) is streamed to the app, whose reads resume the transport.
             nxt = self.active = self.queue.popleft()
-            if nxt.complete:
-                self.loop.call_soon(self._launch, nxt)
+            self.loop.call_soon(self._launch, nxt)
         elif self.server.stopping:
             self._close()
         else:

@@ -31,11 +31,11 @@ class Quiet(Exception):
 class Harness:
     """A `httpd.Server` for `app` on 127.0.0.1, in a thread."""
 
-    def __init__(self, app: Any, **options: Any) -> None:
+    def __init__(self, app: Any, run: Callable[..., Any] = asyncio.run, **options: Any) -> None:
         self.sock = bind_socket("127.0.0.1", 0)
         self.port = self.sock.getsockname()[1]
         self.server = httpd.Server(app, **options)
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve([self.sock])),
+        self.thread = threading.Thread(target=lambda: run(self.server.serve([self.sock])),
                                        daemon=True)
         self.thread.start()
         wait_for(lambda: self.server.started, "the server to listen")
@@ -61,8 +61,8 @@ class Harness:
 def serve() -> Iterator[Callable[..., Harness]]:
     started: list[Harness] = []
 
-    def start(app: Any, **options: Any) -> Harness:
-        h = Harness(app, **options)
+    def start(app: Any, run: Callable[..., Any] = asyncio.run, **options: Any) -> Harness:
+        h = Harness(app, run, **options)
         started.append(h)
         return h
 
@@ -187,6 +187,60 @@ def test_pipelined_requests_wait_behind_a_slow_one(serve: Callable[..., Harness]
         assert [c.response()[2] for _ in range(4)] == [b"POST /p%d  %d" % (i, i) for i in range(4)]
         c.send(request("/after"))   # the connection is still in step
         assert c.response()[2] == b"POST /after  0"
+
+
+def _runners() -> list[Any]:
+    out: list[Any] = [pytest.param(asyncio.run, id="asyncio")]
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings uvloop
+        return out
+    return [*out, pytest.param(uvloop.run, id="uvloop")]
+
+
+@pytest.mark.parametrize("run", _runners())
+def test_a_queued_request_runs_once_when_more_data_arrives_as_it_is_due(
+        serve: Callable[..., Harness], run: Callable[..., Any]) -> None:
+    """The slow request's response schedules the queued one; a read that arrives before that
+    callback (uvloop handles reads first) must not start it a second time."""
+    calls: dict[str, int] = {}
+
+    async def counting(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            calls[scope["path"]] = calls.get(scope["path"], 0) + 1
+            if scope["path"] == "/slow":
+                await asyncio.sleep(0.05)
+                time.sleep(0.3)  # block the loop: /three arrives with /slow's response due
+        await echo(scope, receive, send)
+
+    h = serve(counting, run)
+    with h.connect() as c:
+        c.send(request("/slow") + request("/two"))
+        time.sleep(0.15)
+        c.send(request("/three"))
+        bodies = [c.response()[2] for _ in range(3)]
+    assert bodies == [b"POST /slow  0", b"POST /two  0", b"POST /three  0"]
+    assert calls == {"/slow": 1, "/two": 1, "/three": 1}
+
+
+def test_a_queued_request_with_a_large_body_streams_once_its_turn_comes(
+        serve: Callable[..., Harness]) -> None:
+    """Its body passes the high-water mark while it waits, which pauses reading; when its turn
+    comes it must start (and its reads resume the transport), not wait for a complete body."""
+    async def slow_first(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/slow":
+            await asyncio.sleep(0.3)
+        await echo(scope, receive, send)
+
+    big = b"z" * (4 * httpd.BODY_HIGH_WATER)
+    h = serve(slow_first)
+    with h.connect() as c:
+        c.send(request("/slow"))
+        sender = threading.Thread(target=c.send, args=(request("/big", big),), daemon=True)
+        sender.start()
+        assert c.response()[2] == b"POST /slow  0"
+        assert c.response()[2] == b"POST /big  %d" % len(big)
+        sender.join(5)
 
 
 def test_a_body_larger_than_the_read_buffer_streams_to_the_app(
