@@ -210,7 +210,7 @@ def test_a_queued_request_runs_once_when_more_data_arrives_as_it_is_due(
             calls[scope["path"]] = calls.get(scope["path"], 0) + 1
             if scope["path"] == "/slow":
                 await asyncio.sleep(0.05)
-                time.sleep(0.3)  # block the loop: /three arrives with /slow's response due
+                time.sleep(0.3)  # noqa: ASYNC251 - blocks the loop on purpose: /three arrives
         await echo(scope, receive, send)
 
     h = serve(counting, run)
