@@ -18,6 +18,9 @@ def _opt(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # as router.settings (no yaml here)
+
+
 @dataclass(frozen=True)
 class ReplicaConfig:
     name: str = _opt("sim-0", "replica name (x-replica-name header, system_fingerprint)")
@@ -54,7 +57,7 @@ class ReplicaConfig:
     fault_stop_after: int | None = _opt(
         None, "close the connection abruptly after K stream chunks")
     fault_exit_after: int | None = _opt(None, "exit the process when request N arrives")
-    log_level: str = _opt("warning", "log level (debug, info, warning, error, critical)")
+    log_level: str = _opt("warning", f"log level ({', '.join(LOG_LEVELS)})")
 
     def __post_init__(self) -> None:
         checks = {
@@ -74,7 +77,6 @@ class ReplicaConfig:
                 raise ValueError(f"{key}: invalid value {getattr(self, key)!r}")
 
 
-LOG_LEVELS = frozenset({"debug", "info", "warning", "error", "critical"})
 _FIELDS = {f.name: f for f in dataclasses.fields(ReplicaConfig)}
 _TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
 

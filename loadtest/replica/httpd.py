@@ -450,8 +450,11 @@ class _Connection(asyncio.Protocol):
             self._close()
 
     def _error_response(self, ex: _Exchange) -> None:
-        body = b"Internal Server Error"
-        self.write(_status_line(ex.scope["http_version"], 500) + _date.header()
+        self._plain_and_close(ex.scope["http_version"], 500, b"Internal Server Error")
+
+    def _plain_and_close(self, version: str, status: int, body: bytes) -> None:
+        """A text/plain response that ends the connection."""
+        self.write(_status_line(version, status) + _date.header()
                    + b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
                      b"connection: close\r\n\r\n%s" % (len(body), body))
         self._close()
@@ -497,9 +500,9 @@ class _Connection(asyncio.Protocol):
 
     def _bad_request(self, reason: bytes) -> None:
         if self.active is None or not self.active.started or self.active.finished:
-            self.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                       b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(reason), reason))
-        self._close()
+            self._plain_and_close("1.1", 400, reason)  # the request's version may be unknown
+        else:
+            self._close()
 
     def _close(self) -> None:
         if self.transport is not None and not self.closed:
@@ -547,10 +550,11 @@ class Server:
     def _protocol(self) -> _Connection:
         return _Connection(self)
 
-    async def listen(self, sock: socket.socket) -> asyncio.AbstractServer:
-        server = await self.loop.create_server(self._protocol, sock=sock, backlog=2048)
-        self.servers.append(server)
-        return server
+    async def _create_server(self, sock: socket.socket) -> asyncio.AbstractServer:
+        return await self.loop.create_server(self._protocol, sock=sock, backlog=2048)
+
+    async def listen(self, sock: socket.socket) -> None:
+        self.servers.append(await self._create_server(sock))
 
     def refuse(self, index: int = 0) -> None:
         """Stop listening on socket `index`; connections already accepted continue."""
@@ -558,8 +562,7 @@ class Server:
 
     async def resume(self, index: int, sock: socket.socket) -> None:
         """Listen again at `index`, on a freshly bound socket `sock`."""
-        self.servers[index] = await self.loop.create_server(self._protocol, sock=sock,
-                                                            backlog=2048)
+        self.servers[index] = await self._create_server(sock)
 
     # -- running ---------------------------------------------------------------------------------
     def stop(self) -> None:

@@ -18,8 +18,11 @@ from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from .text import REPLY_VOCABULARY
+
 _str: Any = json.encoder.encode_basestring  # type: ignore[attr-defined]  # str -> JSON, non-ASCII kept
-_PIECE_JSON: dict[str, str] = {}   # JSON of reply pieces (a small vocabulary), for content_chunks
+# JSON of every piece a reply can hold, for content_chunks (other pieces are encoded per call)
+_PIECE_JSON: dict[str, str] = {p: _str(p) for p in REPLY_VOCABULARY}
 
 
 class Kind(StrEnum):
@@ -213,9 +216,7 @@ class StreamEncoder:
         pre = self._open + '"content":' if self.kind is Kind.CHAT else self._open
         texts = list(map(_PIECE_JSON.get, pieces))
         if None in texts:
-            if len(_PIECE_JSON) > 4096:
-                _PIECE_JSON.clear()
-            texts = [_PIECE_JSON.setdefault(p, _str(p)) for p in pieces]
+            texts = [t or _str(p) for t, p in zip(texts, pieces, strict=True)]
         sep = self._close + "null}]}\n\ndata: " + pre
         return (pre + sep.join(texts)  # type: ignore[arg-type]  # no None left
                 + self._close + _str(finish_reason) + "}]}")

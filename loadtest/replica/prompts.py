@@ -50,7 +50,7 @@ class Reply(NamedTuple):
     ids: list[int]
 
 
-REPLY_MEMO = 4096
+REPLY_MEMO = 1 << 20  # tokens of memoised replies (Prompter.reply)
 
 
 class _Prefix(NamedTuple):
@@ -106,7 +106,7 @@ class Prompter:
         self._by_piece = isinstance(tokenizer, DefaultTokenizer)
         self._piece_ids: dict[str, tuple[int, ...]] = {
             p: tuple(tokenizer.encode(p)) for p in REPLY_VOCABULARY}
-        self._replies: dict[tuple[int, int], Reply] = {}
+        self._replies = _Lru(REPLY_MEMO)
 
     # -- chat prompts, piece by piece --------------------------------------------------------
     def _pieces(self, job: Job) -> list[str] | None:
@@ -179,22 +179,20 @@ class Prompter:
         return out
 
     def reply_ids(self, pieces: Sequence[str]) -> list[int]:
-        """Token ids of the reply, piece by piece (the pieces come from a small vocabulary)."""
-        table = self._piece_ids
-        found = list(map(table.get, pieces))
+        """Token ids of the reply, piece by piece (the pieces come from a small vocabulary,
+        whose ids are kept; any other piece is tokenised here)."""
+        found = list(map(self._piece_ids.get, pieces))
         if None in found:
-            found = [table.get(p) or table.setdefault(p, tuple(self.tokenizer.encode(p)))
-                     for p in pieces]
+            found = [t or tuple(self.tokenizer.encode(p)) for t, p in zip(found, pieces, strict=True)]
         return list(chain.from_iterable(found))  # type: ignore[arg-type]
 
     def reply(self, seed: int, max_tokens: int) -> Reply:
         """The deterministic reply of a prompt with this seed: its pieces (one per token) and
-        their ids. Memoised (a repeated body gets the same reply); at most `REPLY_MEMO` kept."""
+        their ids. Memoised (a repeated body gets the same reply), up to `REPLY_MEMO` tokens."""
         key = (seed, max_tokens)
         hit = self._replies.get(key)
         if hit is None:
-            if len(self._replies) >= REPLY_MEMO:
-                self._replies.clear()
             pieces = completion_pieces(seed, max_tokens)
-            hit = self._replies[key] = Reply(pieces, self.reply_ids(pieces))
-        return hit
+            hit = Reply(pieces, self.reply_ids(pieces))
+            self._replies.put(key, hit, max_tokens)
+        return hit  # type: ignore[return-value]  # _Lru holds Replies under these keys
