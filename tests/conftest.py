@@ -127,3 +127,12 @@ def threaded_server() -> Iterator[Any]:
     yield start
     for srv in reversed(started):
         srv.stop()
+
+
+async def asgi_lifespan(receive: Any, send: Any) -> None:
+    """Acknowledge every lifespan event until shutdown (for the tests' raw-ASGI apps)."""
+    while True:
+        msg = await receive()
+        await send({"type": msg["type"] + ".complete"})
+        if msg["type"] == "lifespan.shutdown":
+            return

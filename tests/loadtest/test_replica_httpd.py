@@ -19,7 +19,7 @@ import pytest
 
 from loadtest.replica import httpd
 from loadtest.replica.process import bind_socket
-from tests.conftest import wait_for
+from tests.conftest import asgi_lifespan, wait_for
 
 Events = list[Any]
 
@@ -132,11 +132,7 @@ class Conn:
 async def echo(scope: Any, receive: Any, send: Any) -> None:
     """Answers with the method, path, query and body length; lifespan is acknowledged."""
     if scope["type"] == "lifespan":
-        while True:
-            msg = await receive()
-            await send({"type": msg["type"] + ".complete"})
-            if msg["type"] == "lifespan.shutdown":
-                return
+        return await asgi_lifespan(receive, send)
     body = b""
     while True:
         msg = await receive()

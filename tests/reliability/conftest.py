@@ -121,16 +121,6 @@ def metric(samples: list[tuple[str, dict[str, str], float]], name: str, **labels
                if n == name and all(lab.get(k) == want for k, want in labels.items()))
 
 
-# -- tiny raw-ASGI upstreams -----------------------------------------------------------------------
-async def asgi_lifespan(receive: Any, send: Any) -> None:
-    """Acknowledge every lifespan event until shutdown (for the tests' raw-ASGI upstreams)."""
-    while True:
-        msg = await receive()
-        await send({"type": msg["type"] + ".complete"})
-        if msg["type"] == "lifespan.shutdown":
-            return
-
-
 # -- the router process ----------------------------------------------------------------------------
 def router_config(urls: list[str], names: list[str] | None = None,
                   **sections: dict[str, Any]) -> dict[str, Any]:

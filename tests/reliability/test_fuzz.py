@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ThreadedServer
-from tests.reliability.conftest import RouterProcess, asgi_lifespan, router_config, scaled
+from tests.conftest import ThreadedServer, asgi_lifespan
+from tests.reliability.conftest import RouterProcess, router_config, scaled
 from tests.reliability.rawhttp import RawHTTP, Response, request
 
 pytestmark = pytest.mark.slow

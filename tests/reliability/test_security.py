@@ -22,8 +22,8 @@ import pytest
 from loadtest.fleet import Fleet
 from loadtest.replica import Replica, ReplicaConfig
 from router import auth as router_auth
-from tests.conftest import ThreadedServer, free_port
-from tests.reliability.conftest import RouterProcess, asgi_lifespan, parse_metrics, router_config
+from tests.conftest import ThreadedServer, asgi_lifespan, free_port
+from tests.reliability.conftest import RouterProcess, parse_metrics, router_config
 from tests.reliability.load import chat_body
 
 CANARY = "canary-7f3a9c-do-not-log"
