@@ -178,6 +178,12 @@ class PrefixCache:
             if None in found:
                 del found[found.index(None):]
             return found  # type: ignore[return-value]  # the Nones are cut off
+        if limit >= 2 and get(hashes[limit - 2]) is not None:
+            # Most often only the last block is new (a new user turn after a cached prefix).
+            found = list(map(get, islice(hashes, limit - 1)))
+            if None in found:
+                del found[found.index(None):]
+            return found  # type: ignore[return-value]  # the Nones are cut off
         # The hit ends before the last block: look up a chunk at a time (each chunk one C pass)
         # until a chunk holds the first miss.
         out: list[int | None] = []
