@@ -2,7 +2,7 @@
 
 Chat messages are rendered with the chat template and tokenised; completion prompts are
 tokenised as they are (or taken as token ids). The result — ids, chained full-block hashes and
-the seed of the deterministic reply — depends only on the request body, so an LRU keyed by a
+the deterministic reply (text and ids) — depends only on the request body, so an LRU keyed by a
 128-bit hash of the body skips rendering, tokenising and hashing when a body repeats (load
 generators replay bodies). Templates that read the clock (``strftime_now``) are never memoised.
 
@@ -39,18 +39,16 @@ from .openai_api import Job, Kind
 from .text import REPLY_VOCABULARY, completion_pieces, prompt_seed
 
 
-class Prompt(NamedTuple):
-    ids: tuple[int, ...]
-    hashes: tuple[int, ...]
-    seed: int
-
-
 class Reply(NamedTuple):
     pieces: list[str]   # one per generated token (each stream chunk's text); not to be mutated
     ids: list[int]
 
 
-REPLY_MEMO = 1 << 20  # tokens of memoised replies (Prompter.reply)
+class Prompt(NamedTuple):
+    ids: tuple[int, ...]
+    hashes: tuple[int, ...]
+    seed: int
+    reply: Reply   # of the request's max_tokens: memoised with the body that asked for it
 
 
 class _Prefix(NamedTuple):
@@ -106,7 +104,6 @@ class Prompter:
         self._by_piece = isinstance(tokenizer, DefaultTokenizer)
         self._piece_ids: dict[str, tuple[int, ...]] = {
             p: tuple(tokenizer.encode(p)) for p in REPLY_VOCABULARY}
-        self._replies = _Lru(REPLY_MEMO)
 
     # -- chat prompts, piece by piece --------------------------------------------------------
     def _pieces(self, job: Job) -> list[str] | None:
@@ -161,6 +158,7 @@ class Prompter:
         return self._whole_ids(job)
 
     def prompt(self, job: Job, body: bytes) -> Prompt:
+        """The prompt of a request and its reply (``job.max_tokens`` tokens), memoised by body."""
         key = xxhash.xxh3_128_digest(body)
         hit = self._memo.get(key)
         if hit is not None:
@@ -174,8 +172,9 @@ class Prompter:
             hashes = tuple(block_hashes(ids, self.block_size))
         # The chained hashes already summarise the full blocks; only the tail needs hashing.
         tail = ids[len(hashes) * self.block_size:]
-        out = Prompt(ids, hashes, prompt_seed(tail, hashes[-1] if hashes else 0))
-        self._memo.put(key, out, len(ids))
+        seed = prompt_seed(tail, hashes[-1] if hashes else 0)
+        out = Prompt(ids, hashes, seed, self.reply(seed, job.max_tokens))
+        self._memo.put(key, out, len(ids) + job.max_tokens)
         return out
 
     def reply_ids(self, pieces: Sequence[str]) -> list[int]:
@@ -188,11 +187,7 @@ class Prompter:
 
     def reply(self, seed: int, max_tokens: int) -> Reply:
         """The deterministic reply of a prompt with this seed: its pieces (one per token) and
-        their ids. Memoised (a repeated body gets the same reply), up to `REPLY_MEMO` tokens."""
-        key = (seed, max_tokens)
-        hit = self._replies.get(key)
-        if hit is None:
-            pieces = completion_pieces(seed, max_tokens)
-            hit = Reply(pieces, self.reply_ids(pieces))
-            self._replies.put(key, hit, max_tokens)
-        return hit  # type: ignore[return-value]  # _Lru holds Replies under these keys
+        their ids. Not memoised here: `prompt` keeps it with the body's memo entry, so a repeated
+        body gets it back and a new prompt pays no cache upkeep for a reply nobody repeats."""
+        pieces = completion_pieces(seed, max_tokens)
+        return Reply(pieces, self.reply_ids(pieces))

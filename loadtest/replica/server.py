@@ -252,7 +252,7 @@ class Replica:
             job = (openai_api.parse_chat if kind is Kind.CHAT else openai_api.parse_completion)(
                 data, self.config.default_max_tokens)
             prompt = self.prompter.prompt(job, body)
-            pieces, output_ids = self.prompter.reply(prompt.seed, job.max_tokens)
+            pieces, output_ids = prompt.reply
             req = EngineRequest(rid, prompt.ids, job.max_tokens, output_ids=output_ids,
                                 prompt_hashes=prompt.hashes)
             env = Envelope(rid, int(time.time()), self.config.model, self.config.name)

@@ -5,9 +5,6 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import pytest
-
-from loadtest.replica import prompts
 from loadtest.replica.openai_api import parse_chat, parse_completion
 from loadtest.replica.prompts import Prompter
 from loadtest.replica.text import completion_pieces
@@ -50,17 +47,24 @@ def test_reply_ids_match_tokenising_the_whole_reply() -> None:
     assert p.reply_ids(pieces) == TOK.encode("".join(pieces))
 
 
-def test_replies_are_the_seeded_text_and_its_ids_and_the_memo_is_bounded(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(prompts, "REPLY_MEMO", 8)
+def test_replies_are_the_seeded_text_and_its_ids() -> None:
     p = Prompter(ChatRenderer(), TOK, 16)
     for seed in range(20):
         for n in (1, 5, 16, 70):
             pieces, ids = p.reply(seed, n)
             assert pieces == completion_pieces(seed, n) and len(pieces) == n
             assert ids == TOK.encode("".join(pieces))
-            assert p.reply(seed, n) == (pieces, ids)
-            assert len(p._replies) <= 8
+
+
+def test_a_prompt_carries_the_reply_of_its_max_tokens_memoised_with_its_body() -> None:
+    p = Prompter(ChatRenderer(), TOK, 16)
+    msgs = [{"role": "user", "content": "reset my password"}]
+    for n in (1, 16, 70):
+        body = f"body {n}".encode()
+        prompt = p.prompt(parse_chat({"messages": msgs, "max_tokens": n}, 4), body)
+        assert prompt.reply == p.reply(prompt.seed, n) and len(prompt.reply.pieces) == n
+        again = p.prompt(parse_chat({"messages": msgs, "max_tokens": n}, 4), body)
+        assert again is prompt   # the memo hit returns the reply with the prompt
 
 
 def _whole(job_body: dict[str, Any]) -> tuple[list[int], list[int]]:
