@@ -86,13 +86,6 @@ _NEWLINE_ID = _piece_id("\n")
 _NEWLINE = (_NEWLINE_ID,)
 
 
-# Ids of the pieces seen so far (one tuple per piece: a long piece is several tokens), so a
-# line's ids are a C-level flatten of dict lookups. Cleared when full: words repeat, ids do not
-# depend on the cache.
-_PIECE_IDS: dict[str, tuple[int, ...]] = {}
-_PIECE_IDS_MAX = 1 << 17
-
-
 def _piece_ids(piece: str) -> tuple[int, ...]:
     """Token ids of one pre-tokenised piece: pieces longer than MAX_PIECE_CHARS are cut."""
     if len(piece) <= MAX_PIECE_CHARS:
@@ -101,21 +94,29 @@ def _piece_ids(piece: str) -> tuple[int, ...]:
                  for i in range(0, len(piece), MAX_PIECE_CHARS))
 
 
+class _PieceIds(dict[str, tuple[int, ...]]):
+    """Ids of the pieces seen so far (one tuple per piece: a long piece is several tokens), so a
+    line's ids are a C-level flatten of lookups; a new piece is computed and kept on its first
+    lookup (``__missing__``: no exception, no second pass). Cleared when full: words repeat,
+    ids do not depend on the cache."""
+
+    def __missing__(self, piece: str) -> tuple[int, ...]:
+        if len(self) > _PIECE_IDS_MAX:
+            self.clear()
+        ids = self[piece] = _piece_ids(piece)
+        return ids
+
+
+_PIECE_IDS = _PieceIds()
+_PIECE_IDS_MAX = 1 << 17
+
+
 def _plain_ids(text: str) -> list[int]:
     """Token ids of text without specials or newlines."""
     # The piece pattern matches every character of a line (letters, digits, punctuation,
     # underscores, whitespace), so the pieces are contiguous.
     pieces = (_PIECE_ASCII if text.isascii() else _PIECE).findall(text)
-    cache = _PIECE_IDS
-    try:
-        return list(chain.from_iterable(map(cache.get, pieces)))  # type: ignore[arg-type]
-    except TypeError:  # a piece not seen yet (None is not iterable)
-        if len(cache) > _PIECE_IDS_MAX:
-            cache.clear()
-        for piece in pieces:
-            if piece not in cache:
-                cache[piece] = _piece_ids(piece)
-        return list(chain.from_iterable(map(cache.__getitem__, pieces)))
+    return list(chain.from_iterable(map(_PIECE_IDS.__getitem__, pieces)))
 
 
 def _encode_plain(text: str, base: int, ids: list[int], offs: list[int]) -> None:
@@ -200,16 +201,12 @@ def _planned(line: str, plan: _Plan) -> tuple[int, ...]:
     """``_encode_line(line)`` from the plan of its shape: only the digit pieces are looked up."""
     head, slots = plan
     out = list(head)
-    get = _PIECE_IDS.get
     for start, end, special, after in slots:
         text = line[start:end]
         if special:
             out.append(_special_id(text))
         else:
-            ids = get(text)
-            if ids is None:
-                ids = _PIECE_IDS[text] = _piece_ids(text)
-            out += ids
+            out += _PIECE_IDS[text]
         out += after
     return tuple(out)
 
