@@ -117,7 +117,7 @@ def run_overhead(workdir: Path, quick: bool) -> dict[str, Any]:
 
     cfg = OverheadConfig()
     if quick:
-        cfg = replace(cfg, latency_requests=30, cpu_requests=60, rounds=1)
+        cfg = replace(cfg, latency_requests=30, cpu_requests=60, rounds=1, capacity_requests=60)
     return measure([parse_setup(s) for s in OH_SETUPS], cfg, workdir,
                    log=lambda m: print(m, file=sys.stderr, flush=True))
 

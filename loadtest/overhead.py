@@ -17,8 +17,7 @@ round), so slow drift in the shared machine's load falls on every setup alike. P
   process tree (``/proc/<pid>/stat``, nginx workers included) after minus before, divided by
   requests (CPU/request) and, streamed, by relayed content chunks (CPU/chunk = CPU per streamed
   request / chunks per request; an upper bound on the marginal per-chunk cost). For ``direct``
-  the process is the replica itself: router CPU/request over direct's is one instant replica's
-  capacity per core as a multiple of the router's (``replica_capacity_vs_router_*``).
+  the process is the replica itself.
 
 * token-paced streams (mode ``paced``, ``--paced-ms``, default 2 ms): a second fleet whose
   engine gives every running stream one token per 2 ms (no prefill or per-sequence cost), so
@@ -27,6 +26,17 @@ round), so slow drift in the shared machine's load falls on every setup alike. P
   targets use: instant streams arrive in bursts (the instant replica writes a whole stream at
   once), where the per-request cost dominates the per-chunk figure.
 
+* capacity (``--capacity-requests``, ``direct`` and the router only): the same bodies from a
+  closed loop at concurrency ``--concurrency`` whose client only reads each body to its end
+  (no SSE parsing), so the server is as busy as this machine lets it be. The cells above are
+  paced by the load client's own work (it decodes every SSE event: ~400 streams/s), and a
+  server that answers one request per wake-up pays its event-loop round trip on each: an instant
+  replica's 64-chunk stream costs ~330 us of CPU there against ~210 us when requests queue up.
+  A server's capacity is what it sustains when busy, so one instant replica's capacity as a
+  multiple of the router's (issue #3: at least 3x) is router CPU/request over the replica's in
+  these cells (``replica_capacity_vs_router_*``; from the concurrency cells when they are
+  skipped).
+
 Ratios against sglang-router are computed from the same run (`ratios`). CPU time has 10 ms
 resolution (clock ticks), so the CPU runs are sized to use at least a few seconds of it.
 """
@@ -34,13 +44,17 @@ resolution (clock ticks), so the CPU runs are sized to use at least a few second
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from loadtest.fleet import Fleet
 from loadtest.runner import Plan, run
@@ -48,7 +62,8 @@ from loadtest.setups import Launched, Setup, SetupError, cpu_seconds, launch, pa
 from loadtest.stats import summarize
 from loadtest.workloads import CHAT, Request, synthetic_text
 
-__all__ = ["DEFAULT_SETUPS", "OverheadConfig", "add_arguments", "main", "measure", "ratios"]
+__all__ = ["DEFAULT_SETUPS", "OverheadConfig", "add_arguments", "closed_loop", "main", "measure",
+           "ratios"]
 
 DEFAULT_SETUPS = ("direct", "passthrough", "router-prefix", "nginx", "sglang-cache_aware")
 
@@ -66,6 +81,8 @@ class OverheadConfig:
     # emits one token per `paced_ms` to every running stream; 0 = skip
     paced_ms: float = 2.0
     paced_requests: int = 480
+    # capacity cells (direct and the router, client reads bodies only); 0 = skip
+    capacity_requests: int = 3000
 
 
 def chat_body(stream: bool, max_tokens: int) -> dict[str, Any]:
@@ -136,6 +153,57 @@ def _row(setup: str, mode: str, concurrency: int, acc: _Acc) -> dict[str, Any]:
             "chunks_per_request": chunks}
 
 
+async def closed_loop(url: str, bodies: Sequence[bytes], concurrency: int
+                      ) -> tuple[int, int, float]:
+    """POST every body to ``url``, ``concurrency`` at a time, reading each response body to its
+    end and nothing more; (ok, errors, wall seconds). A client that costs little per request,
+    so the server, not the client, sets the pace."""
+    it = iter(bodies)
+    ok = errors = 0
+    headers = {"content-type": "application/json"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+        async def worker() -> None:
+            nonlocal ok, errors
+            for data in it:
+                try:
+                    async with session.post(url, data=data, headers=headers) as resp:
+                        await resp.read()
+                        if resp.status == 200:
+                            ok += 1
+                        else:
+                            errors += 1
+                except aiohttp.ClientError:
+                    errors += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return ok, errors, time.perf_counter() - t0
+
+
+def _capacity_round(launched: Launched, mode: str, n: int, cfg: OverheadConfig,
+                    acc: _Acc) -> None:
+    stream = mode != "plain"
+    body = json.dumps(chat_body(stream, cfg.chunks if stream else 16)).encode()
+    cpu0 = cpu_seconds(launched.pid) if launched.pid else None
+    ok, errors, wall = asyncio.run(closed_loop(launched.url + "/v1/chat/completions",
+                                               [body] * n, cfg.concurrency))
+    cpu1 = cpu_seconds(launched.pid) if launched.pid else None
+    acc.ok += ok
+    acc.errors += errors
+    acc.wall += wall
+    if cpu0 is None or cpu1 is None or acc.cpu is None:
+        acc.cpu = None
+    else:
+        acc.cpu += cpu1 - cpu0
+
+
+def _capacity_row(setup: str, mode: str, acc: _Acc) -> dict[str, Any]:
+    return {"setup": setup, "mode": mode, "concurrency": None, "requests": acc.ok,
+            "errors": acc.errors, "throughput": acc.ok / acc.wall if acc.wall else None,
+            "cpu_seconds": acc.cpu,
+            "cpu_per_request": acc.cpu / acc.ok if acc.cpu is not None and acc.ok else None}
+
+
 def _launch_all(setups: Sequence[Setup], fleet: Fleet, workdir: Path, suffix: str,
                 skipped: dict[str, str], running: list[tuple[Setup, Launched]]) -> None:
     """Start every available setup in front of ``fleet``, each appended to ``running`` as soon
@@ -190,19 +258,31 @@ def measure(setups: Sequence[Setup], cfg: OverheadConfig, workdir: Path,
         acc = accs.setdefault((setup.name, mode, conc), _Acc())
         _round(launched, setup, mode, conc, max(1, n // cfg.rounds), cfg, acc)
 
-    def rounds(cells: list[tuple[str, int, int]], label: str
+    caps: dict[tuple[str, str], _Acc] = {}
+
+    def capacity(running: list[tuple[Setup, Launched]]) -> None:
+        n = max(1, cfg.capacity_requests // cfg.rounds)
+        for mode in ("plain", "stream"):
+            for setup, launched in running:
+                if setup.kind in ("direct", "router"):
+                    _capacity_round(launched, mode, n, cfg,
+                                    caps.setdefault((setup.name, mode), _Acc()))
+
+    def rounds(cells: list[tuple[str, int, int]], label: str, with_capacity: bool = False
                ) -> Callable[[list[tuple[Setup, Launched]]], None]:
         def run(running: list[tuple[Setup, Launched]]) -> None:
             for r in range(cfg.rounds):
                 for mode, conc, n in cells:
                     for setup, launched in running:
                         cell(setup, launched, mode, conc, n)
+                if with_capacity and cfg.capacity_requests > 0:
+                    capacity(running)
                 if log:
                     log(f"overhead: {label}round {r + 1}/{cfg.rounds} done")
         return run
 
     _phase(setups, Fleet(replicas=cfg.replicas, instant=True, log_dir=str(workdir / "fleet")),
-           workdir, "", skipped, rounds(cells, ""))
+           workdir, "", skipped, rounds(cells, "", with_capacity=True))
     if cfg.paced_ms > 0:
         # one token every paced_ms to every running stream: no prefill or per-sequence cost
         paced = Fleet(replicas=cfg.replicas, step_ms=cfg.paced_ms, prefill_us_per_token=0.0,
@@ -214,7 +294,9 @@ def measure(setups: Sequence[Setup], cfg: OverheadConfig, workdir: Path,
     rows.sort(key=lambda r: (names.index(r["setup"]),
                              ("plain", "stream", "paced").index(r["mode"]), r["concurrency"]))
     _added(rows)
-    return {"config": asdict(cfg), "rows": rows, "skipped": skipped, "ratios": ratios(rows)}
+    cap = [_capacity_row(name, mode, acc) for (name, mode), acc in caps.items()]
+    return {"config": asdict(cfg), "rows": rows, "capacity": cap, "skipped": skipped,
+            "ratios": ratios(rows, cap)}
 
 
 def _added(rows: list[dict[str, Any]]) -> None:
@@ -234,15 +316,19 @@ def _find(rows: Sequence[Mapping[str, Any]], prefix: str, mode: str,
     return None
 
 
-def ratios(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def ratios(rows: Sequence[Mapping[str, Any]],
+           capacity: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """From the high-concurrency CPU runs of one run: the router (and the passthrough floor)
     vs sglang-router, nginx and the passthrough; one instant replica's capacity vs the
-    router's; and, at concurrency 1, the added p50 latencies."""
+    router's (from the ``capacity`` cells, else the high-concurrency ones); and, at
+    concurrency 1, the added p50 latencies."""
     conc = max((int(r["concurrency"]) for r in rows), default=1)
     out: dict[str, Any] = {}
 
-    def ratio(ours: str, other: str, mode: str, key: str) -> float | None:
-        mine, theirs = _find(rows, ours, mode, conc), _find(rows, other, mode, conc)
+    def ratio(ours: str, other: str, mode: str, key: str,
+              cells: Sequence[Mapping[str, Any]] = rows) -> float | None:
+        c = None if cells is capacity else conc
+        mine, theirs = _find(cells, ours, mode, c), _find(cells, other, mode, c)
         if mine and theirs and mine.get(key) and theirs.get(key):
             return float(mine[key] / theirs[key])
         return None
@@ -260,7 +346,8 @@ def ratios(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         # One instant replica's capacity per core as a multiple of the router's (issue #3:
         # the replica must not be what limits a router benchmark): router CPU per request over
         # the replica's own CPU per request when hit directly, same requests, same run.
-        if (v := ratio("router", "direct", mode, "cpu_per_request")) is not None:
+        cells = capacity if _find(capacity, "direct", mode) else rows
+        if (v := ratio("router", "direct", mode, "cpu_per_request", cells)) is not None:
             out[f"replica_capacity_vs_router_{mode}"] = v
         r = _find(rows, "router", mode, 1)
         if r is not None:
@@ -284,6 +371,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--paced-ms", type=float, default=c.paced_ms,
                    help="token interval of the paced-stream cells (0 = skip them)")
     p.add_argument("--paced-requests", type=int, default=c.paced_requests)
+    p.add_argument("--capacity-requests", type=int, default=c.capacity_requests,
+                   help="requests per capacity cell (direct and the router, 0 = skip them)")
     p.add_argument("--out", help="JSON results")
     p.add_argument("--workdir", help="logs and configs (default: a temp dir)")
 
@@ -302,7 +391,8 @@ def main(args: argparse.Namespace) -> int:
     cfg = OverheadConfig(replicas=args.replicas, concurrency=args.concurrency,
                          latency_requests=args.latency_requests, cpu_requests=args.cpu_requests,
                          chunks=args.chunks, rounds=args.rounds, paced_ms=args.paced_ms,
-                         paced_requests=args.paced_requests)
+                         paced_requests=args.paced_requests,
+                         capacity_requests=args.capacity_requests)
     with tempfile.TemporaryDirectory(prefix="overhead-") as tmp:
         res = measure(setups, cfg, Path(args.workdir or tmp),
                       log=lambda m: print(m, file=sys.stderr, flush=True))

@@ -240,8 +240,8 @@ def overhead_targets_markdown(r: Mapping[str, Any]) -> str:
         row("router CPU/request ÷ passthrough's", DASH, r.get("cpu_per_request_vs_passthrough"),
             None),
         row("router CPU/chunk ÷ passthrough's", DASH, r.get("cpu_per_chunk_vs_passthrough"), None),
-        row("one instant replica's capacity ÷ the router's (router CPU/request ÷ replica's), "
-            "non-streamed", "≥ 3", r.get("replica_capacity_vs_router_plain"), 3.0,
+        row("one instant replica's capacity ÷ the router's (router CPU/request ÷ replica's, "
+            "both busy), non-streamed", "≥ 3", r.get("replica_capacity_vs_router_plain"), 3.0,
             at_least=True),
         row("one instant replica's capacity ÷ the router's, streamed", "≥ 3",
             r.get("replica_capacity_vs_router_stream"), 3.0, at_least=True),

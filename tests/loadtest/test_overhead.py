@@ -60,12 +60,22 @@ def test_ratios_use_the_high_concurrency_cells_of_one_run() -> None:
     direct = ratios([*rows, _row("direct", "plain", 16, 0.00025), _row("direct", "stream", 16, None)])
     assert direct["replica_capacity_vs_router_plain"] == pytest.approx(4.0)
     assert "replica_capacity_vs_router_stream" not in direct
+    # the capacity cells (a client that only reads bodies), when measured, are the ones used
+    cap = [{"setup": "direct", "mode": "plain", "cpu_per_request": 0.0002},
+           {"setup": "router-prefix", "mode": "plain", "cpu_per_request": 0.0007},
+           {"setup": "direct", "mode": "stream", "cpu_per_request": 0.0002},
+           {"setup": "router-prefix", "mode": "stream", "cpu_per_request": 0.0008}]
+    busy = ratios([*rows, _row("direct", "plain", 16, 0.00025)], cap)
+    assert busy["replica_capacity_vs_router_plain"] == pytest.approx(3.5)
+    assert busy["replica_capacity_vs_router_stream"] == pytest.approx(4.0)
+    assert busy["cpu_per_request_vs_sglang"] == pytest.approx(2.0)  # the others: unchanged
 
 
 @pytest.mark.slow
 def test_measure_router_against_direct(tmp_path: Path) -> None:
     cfg = OverheadConfig(replicas=1, concurrency=4, latency_requests=10, cpu_requests=40,
-                         chunks=16, rounds=1, paced_ms=2.0, paced_requests=8)
+                         chunks=16, rounds=1, paced_ms=2.0, paced_requests=8,
+                         capacity_requests=60)
     res = measure([Setup("direct"), Setup("passthrough"), Setup("router", "prefix")], cfg,
                   tmp_path)
     rows = {(r["setup"], r["mode"], r["concurrency"]): r for r in res["rows"]}
@@ -91,11 +101,17 @@ def test_measure_router_against_direct(tmp_path: Path) -> None:
     router_stream = rows[("router-prefix", "stream", 4)]
     assert router_stream["cpu_per_chunk"] == pytest.approx(router_stream["cpu_per_request"] / 16)
     assert "added_p50_c1_plain" in res["ratios"]
-    # 40 instant requests may cost the replica less than one 10 ms clock tick: then there is
+    # capacity cells: direct and the router only, every request answered
+    cap = {(c["setup"], c["mode"]): c for c in res["capacity"]}
+    assert set(cap) == {(s, m) for s in ("direct", "router-prefix") for m in ("plain", "stream")}
+    for c in cap.values():
+        assert c["requests"] == 60 and c["errors"] == 0 and c["throughput"] > 0
+    # 60 instant requests may cost the replica less than one 10 ms clock tick: then there is
     # no capacity ratio (not a division by zero); otherwise it is router CPU over replica CPU.
-    direct_cpu = rows[("direct", "plain", 4)]["cpu_per_request"]
-    if direct_cpu > 0:
-        assert res["ratios"]["replica_capacity_vs_router_plain"] == pytest.approx(
-            rows[("router-prefix", "plain", 4)]["cpu_per_request"] / direct_cpu)
-    else:
-        assert "replica_capacity_vs_router_plain" not in res["ratios"]
+    for mode in ("plain", "stream"):
+        direct_cpu = cap[("direct", mode)]["cpu_per_request"]
+        if direct_cpu > 0:
+            assert res["ratios"][f"replica_capacity_vs_router_{mode}"] == pytest.approx(
+                cap[("router-prefix", mode)]["cpu_per_request"] / direct_cpu)
+        else:
+            assert f"replica_capacity_vs_router_{mode}" not in res["ratios"]
