@@ -20,7 +20,8 @@ Two workloads (``--workload``, default both):
   sends again and again (`loadtest.overhead.chat_body`: a ~1.5k-character system prompt and a
   short user turn), which the replica answers from its per-body memo.
 
-Both use ``max_tokens`` 16 (streamed: ``stream_options.include_usage``).
+Both use ``--max-tokens`` (default 16; the router benchmark's streams are 64 chunks) and, streamed,
+``stream_options.include_usage``.
 
 What is reported per cell: requests/s (wall clock: depends on how busy the shared box is) and
 **CPU per request** = utime+stime (``/proc/<pid>/stat``) of the server process over the cell,
@@ -47,13 +48,11 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import aiohttp
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from loadtest._net import free_port, http_ok
 from loadtest.fleet import Fleet
-from loadtest.overhead import chat_body
+from loadtest.overhead import chat_body, closed_loop
 from loadtest.setups import cpu_seconds
 from loadtest.workloads import synthetic_text
 
@@ -72,16 +71,17 @@ def _encode(obj: dict[str, Any], stream: bool) -> bytes:
 
 
 @functools.cache
-def _fixed_body(stream: bool) -> bytes:
+def _fixed_body(stream: bool, max_tokens: int) -> bytes:
     """The overhead benchmark's body (one for every request), built once."""
-    return _encode(chat_body(stream, 16), stream)
+    return _encode(chat_body(stream, max_tokens), stream)
 
 
-def body(i: int, stream: bool, system: str, workload: str = "unique") -> bytes:
+def body(i: int, stream: bool, system: str, workload: str = "unique",
+         max_tokens: int = 16) -> bytes:
     if workload == "fixed":
-        return _fixed_body(stream)
+        return _fixed_body(stream, max_tokens)
     obj = {
-        "model": "sim-model", "max_tokens": 16, "temperature": 0, "stream": stream,
+        "model": "sim-model", "max_tokens": max_tokens, "temperature": 0, "stream": stream,
         "messages": [{"role": "system", "content": system},
                      {"role": "user", "content": f"Ticket {i} ({random.getrandbits(48):x}): "
                                                  "how do I reset my password?"}]}
@@ -112,37 +112,12 @@ class Cell:
         return self.requests / self.wall if self.wall else 0.0
 
 
-async def closed_loop(url: str, bodies: list[bytes], concurrency: int) -> tuple[int, int, float]:
-    """Send every body once, `concurrency` at a time; (ok, errors, wall seconds)."""
-    it = iter(bodies)
-    ok = errors = 0
-    conn = aiohttp.TCPConnector(limit=concurrency, force_close=False)
-    headers = {"content-type": "application/json"}
-    async with aiohttp.ClientSession(connector=conn) as session:
-        async def worker() -> None:
-            nonlocal ok, errors
-            for data in it:
-                try:
-                    async with session.post(url, data=data, headers=headers) as resp:
-                        await resp.read()
-                        if resp.status == 200:
-                            ok += 1
-                        else:
-                            errors += 1
-                except aiohttp.ClientError:
-                    errors += 1
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return ok, errors, time.perf_counter() - t0
-
-
 def run_cell(cell: Cell, url: str, pid: int, backend_pid: int | None, n: int, concurrency: int,
-             system: str, warmup: int = 200) -> None:
+             system: str, warmup: int = 200, max_tokens: int = 16) -> None:
     stream = cell.mode == "stream"
-    asyncio.run(closed_loop(url, [body(i, stream, system, cell.workload) for i in range(warmup)],
-                            concurrency))
-    bodies = [body(i, stream, system, cell.workload) for i in range(n)]
+    asyncio.run(closed_loop(url, [body(i, stream, system, cell.workload, max_tokens)
+                                  for i in range(warmup)], concurrency))
+    bodies = [body(i, stream, system, cell.workload, max_tokens) for i in range(n)]
     c0 = cpu_seconds(pid)
     b0 = cpu_seconds(backend_pid) if backend_pid else 0.0
     ok, errors, wall = asyncio.run(closed_loop(url, bodies, concurrency))
@@ -196,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=2000, help="requests per cell and round")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=16,
+                   help="tokens per reply (stream chunks); the router benchmark streams 64")
     p.add_argument("--workload", choices=["unique", "fixed", "both"], default="both")
     p.add_argument("--skip-router", action="store_true", help="measure the replica only")
     p.add_argument("--baseline", metavar="DIR",
@@ -230,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                         assert router is not None
                         url, pid, backend = router_url, router.pid, pids[1]
                     run_cell(cell, url + "/v1/chat/completions", pid, backend, args.requests,
-                             args.concurrency, system)
+                             args.concurrency, system, max_tokens=args.max_tokens)
                     print(f"round {rnd + 1} {target:8s} {workload:6s} {mode:6s} {cell.requests:6d} req "
                           f"{cell.rate:7.1f} req/s  cpu {cell.cpu_ms:.3f} ms/req"
                           + (f"  (backend {cell.backend_cpu_ms:.3f})" if backend else ""),
