@@ -52,7 +52,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -64,6 +64,8 @@ from loadtest.workloads import CHAT, Request, synthetic_text
 
 __all__ = ["DEFAULT_SETUPS", "OverheadConfig", "add_arguments", "closed_loop", "main", "measure",
            "ratios"]
+
+T = TypeVar("T")
 
 DEFAULT_SETUPS = ("direct", "passthrough", "router-prefix", "nginx", "sglang-cache_aware")
 
@@ -121,10 +123,7 @@ def _round(launched: Launched, setup: Setup, mode: str, concurrency: int, n: int
     plan = Plan(launched.url, concurrency=concurrency, max_requests=n, max_time=cfg.max_time,
                 stream=stream, prefix_hash_header=setup.prefix_hash_header,
                 progress_label=f"{setup.name} {mode} c={concurrency}")
-    pid = launched.pid
-    cpu0 = cpu_seconds(pid) if pid else None
-    result = run(plan, reqs)
-    cpu1 = cpu_seconds(pid) if pid else None
+    result = _charged(launched.pid, acc, lambda: run(plan, reqs))
     for o in result.outcomes:
         if o.ok and o.e2e is not None:
             acc.ok += 1
@@ -134,10 +133,18 @@ def _round(launched: Launched, setup: Setup, mode: str, concurrency: int, n: int
         else:
             acc.errors += 1
     acc.wall += result.wall_seconds
+
+
+def _charged(pid: int | None, acc: _Acc, work: Callable[[], T]) -> T:
+    """``work()``, its CPU time on ``pid``'s process tree added to ``acc.cpu`` (None: unknown)."""
+    cpu0 = cpu_seconds(pid) if pid else None
+    out = work()
+    cpu1 = cpu_seconds(pid) if pid else None
     if cpu0 is None or cpu1 is None or acc.cpu is None:
         acc.cpu = None
     else:
         acc.cpu += cpu1 - cpu0
+    return out
 
 
 def _row(setup: str, mode: str, concurrency: int, acc: _Acc) -> dict[str, Any]:
@@ -184,17 +191,12 @@ def _capacity_round(launched: Launched, mode: str, n: int, cfg: OverheadConfig,
                     acc: _Acc) -> None:
     stream = mode != "plain"
     body = json.dumps(chat_body(stream, cfg.chunks if stream else 16)).encode()
-    cpu0 = cpu_seconds(launched.pid) if launched.pid else None
-    ok, errors, wall = asyncio.run(closed_loop(launched.url + "/v1/chat/completions",
-                                               [body] * n, cfg.concurrency))
-    cpu1 = cpu_seconds(launched.pid) if launched.pid else None
+    url = launched.url + "/v1/chat/completions"
+    ok, errors, wall = _charged(launched.pid, acc, lambda: asyncio.run(
+        closed_loop(url, [body] * n, cfg.concurrency)))
     acc.ok += ok
     acc.errors += errors
     acc.wall += wall
-    if cpu0 is None or cpu1 is None or acc.cpu is None:
-        acc.cpu = None
-    else:
-        acc.cpu += cpu1 - cpu0
 
 
 def _capacity_row(setup: str, mode: str, acc: _Acc) -> dict[str, Any]:
