@@ -211,6 +211,22 @@ def one_replica_setups(results: Mapping[str, Any]) -> list[tuple[str, str, int]]
     return out
 
 
+def _capacity_lines(cells: Sequence[Mapping[str, Any]], c: Mapping[str, Any]) -> list[str]:
+    """The capacity cells (direct and the router kept busy), when measured."""
+    if not cells:
+        return []
+    rows = [[str(x.get("setup")), str(x.get("mode")), str(x.get("requests")),
+             fmt(x.get("throughput"), 0), fmt(_scale(x.get("cpu_per_request"), 1e6), 0)]
+            for x in cells]
+    return [f"Capacity cells: the same requests from a closed loop at concurrency "
+            f"{c.get('concurrency')} whose client only reads each body ({c.get('capacity_requests')} "
+            "per cell), so each server is busy — the cells above are paced by a client that "
+            "decodes every SSE event, and a server answering one request per wake-up pays an "
+            "event-loop round trip on each. The replica-capacity targets use these cells.\n",
+            table(["setup", "mode", "requests", "req/s", "CPU µs/request"], rows,
+                  ["l", "l", "r", "r", "r"])]
+
+
 def overhead_targets_markdown(r: Mapping[str, Any]) -> str:
     """The overhead targets against `loadtest.overhead.ratios` of one run."""
 
@@ -374,6 +390,7 @@ def benchmarks_markdown(data: Mapping[str, Any], figures: Mapping[str, Any], doc
             f"token every {c.get('paced_ms')} ms to every running stream ({c.get('paced_requests')} "
             "streams per setup at the CPU concurrency); the CPU/chunk target uses these cells.\n",
             overhead_markdown(oh.get("rows", [])),
+            *_capacity_lines(oh.get("capacity") or [], c),
             overhead_targets_markdown(oh.get("ratios", {})),
         ]
         for name, why in (oh.get("skipped") or {}).items():

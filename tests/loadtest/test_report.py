@@ -155,3 +155,18 @@ def test_benchmarks_markdown(tmp_path: Path) -> None:
     assert "![shared-prefix: TTFT CDF, hit rate, load per replica](img/bench-compare-shared-prefix.png)" in md
     assert "`vllm-consistent_hash` sent every request to one of the 2 replicas" in md
     assert "### Targets" in md
+
+
+def test_benchmarks_markdown_shows_the_capacity_cells(tmp_path: Path) -> None:
+    oh = {"config": {"chunks": 64, "rounds": 1, "concurrency": 16, "capacity_requests": 300},
+          "rows": [], "ratios": {"replica_capacity_vs_router_stream": 3.2},
+          "capacity": [{"setup": "direct", "mode": "stream", "requests": 300,
+                        "throughput": 3500.4, "cpu_per_request": 0.0002},
+                       {"setup": "router-prefix", "mode": "stream", "requests": 300,
+                        "throughput": 1400.0, "cpu_per_request": 0.00064}]}
+    md = benchmarks_markdown({"machine": {}, "overhead": oh}, {}, tmp_path)
+    assert "| direct | stream | 300 | 3500 | 200 |" in md
+    assert "| router-prefix | stream | 300 | 1400 | 640 |" in md
+    assert "| ≥ 3 | 3.20 | met |" in md
+    without = benchmarks_markdown({"machine": {}, "overhead": {**oh, "capacity": []}}, {}, tmp_path)
+    assert "Capacity cells" not in without and "| ≥ 3 | 3.20 | met |" in without
