@@ -172,20 +172,17 @@ class PrefixCache:
         if limit <= 0:
             return []
         get = self._cached.get
-        if get(hashes[limit - 1]) is not None:
-            # The last block is cached, so most likely all are: look them up in one C pass.
-            found = list(map(get, islice(hashes, limit)))
+        # The last block is cached, so most likely all are; or only the last one is new (a new
+        # user turn after a cached prefix): then look them up in one C pass.
+        upto = (limit if get(hashes[limit - 1]) is not None
+                else limit - 1 if limit >= 2 and get(hashes[limit - 2]) is not None else 0)
+        if upto:
+            found = list(map(get, islice(hashes, upto)))
             if None in found:
                 del found[found.index(None):]
             return found  # type: ignore[return-value]  # the Nones are cut off
-        if limit >= 2 and get(hashes[limit - 2]) is not None:
-            # Most often only the last block is new (a new user turn after a cached prefix).
-            found = list(map(get, islice(hashes, limit - 1)))
-            if None in found:
-                del found[found.index(None):]
-            return found  # type: ignore[return-value]  # the Nones are cut off
-        # The hit ends before the last block: look up a chunk at a time (each chunk one C pass)
-        # until a chunk holds the first miss.
+        # The hit ends earlier: look up a chunk at a time (each chunk one C pass) until a chunk
+        # holds the first miss.
         out: list[int | None] = []
         for start in range(0, limit, _SCAN):
             found = list(map(get, hashes[start:min(start + _SCAN, limit)]))
