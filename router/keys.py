@@ -321,7 +321,8 @@ def _chat_content(body: Mapping[str, Any]) -> str:
     messages = body.get("messages")
     if isinstance(messages, list):
         for message in messages:
-            if not isinstance(message, Mapping) or message.get("role") not in _CHAT_ROLES:
+            role = message.get("role") if isinstance(message, Mapping) else None
+            if not isinstance(role, str) or role not in _CHAT_ROLES:  # a list is not hashable
                 break
             text, complete = _text_parts(message.get("content"))
             parts.append(f"{message['role']}{_FIELD}{text}")

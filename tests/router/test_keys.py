@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import xxhash
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import templates_audit.detectors as detectors
@@ -319,9 +319,12 @@ chat_like = st.fixed_dictionaries(
         "input": json_values,
         "messages": st.lists(
             st.fixed_dictionaries(
-                {"role": st.sampled_from(["system", "developer", "user", "assistant", 3])},
+                # any JSON value as a role too: a list or an object is not even hashable
+                {"role": st.sampled_from(["system", "developer", "user", "assistant", 3])
+                 | json_values},
                 optional={"content": json_values},
-            ),
+            )
+            | json_values,
             max_size=4,
         ),
     },
@@ -336,6 +339,8 @@ chat_like = st.fixed_dictionaries(
         st.sampled_from(["X-Prefix-Hash", "x-session-id", "a"]), st.text(max_size=10)
     ),
 )
+@example(path=CHAT, body={"messages": [{"role": ["system"], "content": "S" * 80}]}, headers={})
+@example(path=CHAT, body={"messages": [{"role": {"a": 1}}, {"role": "user"}]}, headers={})
 def test_any_json_body_yields_a_consistent_key(
     path: str, body: Any, headers: dict[str, str]
 ) -> None:
