@@ -9,6 +9,7 @@ readable file, chat template or tokenizer that cannot be loaded, zero valid requ
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 from collections.abc import Sequence
@@ -85,6 +86,18 @@ def _render(report: Report, fmt: str, color: bool) -> str:
     return text.render(report, color=color)
 
 
+def _emit(report_text: str) -> None:
+    """Write the report to stdout. A character the output encoding cannot hold — a lone
+    surrogate, which a JSON ``\\ud800`` escape in a trace decodes to — is written as its
+    backslash escape (in the JSON report: the JSON escape it came from) instead of failing
+    once the whole trace has been read."""
+    out = sys.stdout
+    if isinstance(out, io.TextIOWrapper):
+        out.reconfigure(errors="backslashreplace")
+    out.write(report_text)
+    out.flush()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     try:
@@ -124,8 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     color = args.color if args.color is not None else (
         sys.stdout.isatty() and "NO_COLOR" not in os.environ)
-    sys.stdout.write(_render(report, args.format, color))
-    sys.stdout.flush()
+    _emit(_render(report, args.format, color))
     if report.summary.requests == 0:
         print("prefix-audit: no valid request in the input", file=sys.stderr)
         return EXIT_USAGE

@@ -159,3 +159,22 @@ def test_progress_bar(enabled: bool, total: int | None, expected: str,
     text = out.getvalue()
     assert expected in text if expected else text == ""
     assert not enabled or text.endswith("\r\x1b[K")  # the bar is erased before the report
+
+
+@pytest.mark.parametrize("fmt", ["json", "markdown", "text"])
+def test_a_lone_surrogate_in_a_value_is_written_escaped(tmp_path: Path, fmt: str) -> None:
+    """A JSON "\\ud800" escape decodes to a lone surrogate, which UTF-8 cannot hold: the report
+    (here its example values) shows it as that escape instead of failing after the whole trace
+    was read. Run as a real process: its stdout is a real pipe, not pytest's capture."""
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join(json.dumps({"messages": [   # ASCII: the surrogate as "\\ud800"
+        {"role": "system", "content": f"Session \ud800{i}x\n{BODY}"},
+        {"role": "user", "content": "q"}]}) for i in range(6)) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "templates_audit", str(p), "--format", fmt,
+                           "--no-progress"], capture_output=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    assert b"Traceback" not in proc.stderr
+    out = proc.stdout.decode("utf-8")   # valid UTF-8
+    assert "\\ud800" in out
+    if fmt == "json":   # the escape decodes to the text again (here in the example prefix)
+        assert any("Session \ud800" in t["example_prefix"] for t in json.loads(out)["templates"])
