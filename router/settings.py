@@ -132,8 +132,8 @@ class _Reader:
 
     def done(self) -> None:
         if self._data:
-            name = sorted(map(str, self._data))[0]
-            raise SettingsError(f"{self.key(name)}: unknown key (value {self._data[name]!r})")
+            name = min(self._data, key=str)  # YAML keys need not be strings (`3:`)
+            raise SettingsError(f"{self.key(str(name))}: unknown key (value {self._data[name]!r})")
 
 
 def _url_ok(v: object) -> bool:

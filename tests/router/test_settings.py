@@ -60,6 +60,8 @@ def test_full_document_parses() -> None:
     ({"routing": {"policy": "random"}}, "routing.policy: expected one of prefix | round_robin | least_loaded, got 'random'"),
     ({"routing": {"polcy": "prefix"}}, "routing.polcy: unknown key (value 'prefix')"),
     ({"bogus": 1}, "bogus: unknown key (value 1)"),
+    ({3: {"eject_after": 3}}, "3: unknown key (value {'eject_after': 3})"),  # a YAML key that is not a string
+    ({"health": {None: 1}}, "health.None: unknown key (value 1)"),
     ({"listen": {"port": 70000}}, "listen.port: expected an integer in [1, 65535], got 70000"),
     ({"listen": {"port": True}}, "listen.port: expected an integer in [1, 65535], got True"),
     ({"workers": 0}, "workers: expected an integer in [1, 64], got 0"),
