@@ -50,7 +50,7 @@ from templates_audit.render import ChatRenderer, TemplateError
 from templates_audit.replay import Head, Replay
 from templates_audit.state import SpanStats, StaticPart, TemplateState
 from templates_audit.suggest import redact, suggestion
-from templates_audit.tokenize import DefaultTokenizer, Tokenizer, default_tokenizer
+from templates_audit.tokenize import DefaultTokenizer, EncodeError, Tokenizer, default_tokenizer
 from templates_audit.traces import Record
 
 __all__ = ["DEFAULT_CACHE_BLOCKS", "Auditor", "analyze"]
@@ -152,7 +152,11 @@ class Auditor:
                     static_ids = self.tokenizer.encode(static_text)
             tail_ids = self.tokenizer.encode(prompt.text[end:])
         else:
-            ids, offs = self.tokenizer.encode_with_offsets(prompt.text)
+            try:
+                ids, offs = self.tokenizer.encode_with_offsets(prompt.text)
+            except EncodeError as exc:  # nothing recorded yet: the request is a bad line
+                self.add_bad(BadLine(record.file, record.line, str(exc)))
+                return
             cut = bisect.bisect_left(offs, end)
             static_ids, tail_ids, offsets = ids[:cut], ids[cut:], offs[:cut]
             if entry is not None and entry.ids != static_ids:

@@ -32,13 +32,14 @@ import json
 import os
 import re
 from itertools import chain
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import xxhash
 
 __all__ = [
     "MAX_PIECE_CHARS",
     "DefaultTokenizer",
+    "EncodeError",
     "HFTokenizer",
     "Tokenizer",
     "TokenizerError",
@@ -51,6 +52,11 @@ MAX_PIECE_CHARS = 6
 
 class TokenizerError(ValueError):
     """A tokenizer file could not be loaded."""
+
+
+class EncodeError(ValueError):
+    """A text the tokenizer cannot encode: a Hugging Face tokenizer takes only valid Unicode,
+    and a JSON ``\\ud800`` escape decodes to a lone surrogate."""
 
 
 @runtime_checkable
@@ -311,11 +317,19 @@ class HFTokenizer:
         self.path = file
         self.add_special_tokens = add_special_tokens
 
+    def _encode(self, text: str) -> Any:
+        try:
+            return self._tok.encode(text, add_special_tokens=self.add_special_tokens)
+        except TypeError as exc:  # tokenizers: "TextInputSequence must be str"
+            bad = next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
+            why = f"a lone surrogate at character {bad}" if bad is not None else str(exc)
+            raise EncodeError(f"the tokenizer cannot encode the text ({why})") from None
+
     def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=self.add_special_tokens).ids)
+        return list(self._encode(text).ids)
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
-        enc = self._tok.encode(text, add_special_tokens=self.add_special_tokens)
+        enc = self._encode(text)
         return list(enc.ids), [start for start, _ in enc.offsets]
 
     def chat_template(self) -> str | None:

@@ -194,6 +194,28 @@ def test_hf_tokenizer_file_sets_tokens_and_model_path(replica: Callable[..., str
     assert HTTP.get(url + "/server_info").json()["model_path"] == str(path.parent)
 
 
+def test_hf_tokenizer_text_it_cannot_encode_is_a_400(replica: Callable[..., str],
+                                                     tmp_path: Any) -> None:
+    """A Hugging Face tokenizer takes only valid Unicode: a lone surrogate (a JSON "\\udc00"
+    escape) is the client's error, as in vLLM, not a 500."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    hf = Tokenizer(models.WordLevel({"[UNK]": 0, "alpha": 1}, unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    hf.save(str(path))
+    url = replica(tokenizer=str(path))
+    for route, body in (("/v1/completions", b'{"prompt": "alpha \\udc00", "max_tokens": 2}'),
+                        ("/v1/chat/completions",
+                         b'{"messages": [{"role": "user", "content": "a \\udc00"}]}'),
+                        ("/tokenize", b'{"prompt": "alpha \\udc00"}')):
+        r = HTTP.post(url + route, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400, (route, r.text)
+        assert "lone surrogate" in r.json()["message"]
+    assert HTTP.post(url + "/v1/completions", json={"prompt": "alpha", "max_tokens": 2}
+                     ).status_code == 200
+
+
 def test_repeated_body_gives_the_same_answer_and_counts_again(replica: Callable[..., str]) -> None:
     url = replica()
     body = {"messages": MESSAGES, "max_tokens": 4}

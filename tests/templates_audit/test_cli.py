@@ -130,6 +130,27 @@ def test_hf_tokenizer(tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture
     assert [f["kind"] for f in doc["findings"]] == ["date"]
 
 
+def test_hf_tokenizer_text_it_cannot_encode_is_a_bad_line(tmp_path: Path, trace: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A Hugging Face tokenizer takes only valid Unicode; a lone surrogate (a JSON "\\udc00"
+    escape) is that request's bad line, with its number, and the run goes on."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0, "Rule": 1},
+                                                           unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    lines = trace.read_text().splitlines()
+    lines.insert(3, json.dumps({"messages": [{"role": "system", "content": "odd \udc00 text"},
+                                             {"role": "user", "content": "q"}]}))
+    trace.write_text("\n".join(lines) + "\n")
+    code, out, _ = run([str(trace), "--tokenizer", str(path), "--format", "json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["summary"]["requests"] == 10 and doc["summary"]["bad_lines"] == 2
+    assert any(b["line"] == 4 and "lone surrogate at character" in b["error"]
+               for b in doc["bad_line_samples"])
+
+
 def test_console_script_and_module_entry_point(trace: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "templates_audit", str(trace), "--format", "json"],
                           capture_output=True, text=True, timeout=60, check=False)
