@@ -242,25 +242,24 @@ def mooncake_requests(
     ``repeat`` > 1 replays the trace again after its end with block ids offset (a different
     population with the same structure), to build traces larger than the file.
     """
-    from loadtest.workloads import mooncake_block_text
+    from loadtest.workloads import mooncake_block_text, mooncake_records
 
     cache: dict[int, tuple[int, ...]] = {}
     hcache: dict[int, list[int]] = {}
     window: dict[int, str] = {}
-    with open(path, encoding="utf-8") as fh:
-        recs = [json.loads(line) for line in fh if line.strip()]
-    span = (recs[-1]["timestamp"] + 1) if recs else 0
+    recs = list(mooncake_records(path))
+    span = (recs[-1].timestamp + 1) if recs else 0
     n = 0
     for rep in range(repeat):
         offset = rep * 10_000_000
         for rec in recs:
             if limit is not None and n >= limit:
                 return
-            hids = [h + offset if h != 0 else 0 for h in rec["hash_ids"]]
+            hids = [h + offset if h != 0 else 0 for h in rec.hash_ids]
             ids: list[int] = []
             for hid in hids:
                 ids.extend(_block_ids(hid, cache))
-            n_tokens = int(rec["input_length"])
+            n_tokens = rec.input_length
             ids = ids[:n_tokens]
             hashes = None
             if _BLOCK % block_size == 0:
@@ -278,11 +277,11 @@ def mooncake_requests(
                 size += len(window[hid])
             prompt = "".join(parts) if full else parts[0][:2048]
             yield SimRequest(
-                at=(rec["timestamp"] + rep * span) / 1000.0 / time_scale,
+                at=(rec.timestamp + rep * span) / 1000.0 / time_scale,
                 path="/v1/completions",
                 key_body={"model": "sim-model", "prompt": prompt},
                 prompt_ids=ids,
-                max_tokens=max(1, min(int(rec["output_length"]), max_output_tokens)),
+                max_tokens=max(1, min(rec.output_length, max_output_tokens)),
                 prompt_hashes=hashes,
             )
             n += 1
@@ -342,8 +341,11 @@ def main(args: argparse.Namespace) -> int:
         try:
             reqs = list(mooncake_requests(args.trace, args.requests, args.time_scale,
                                           args.max_output_tokens, args.repeat, args.block_size))
-        except (OSError, ValueError, KeyError) as exc:
+        except OSError as exc:
             print(f"prefix-loadtest simulate: cannot read trace {args.trace}: {exc}", file=sys.stderr)
+            return 2
+        except ValueError as exc:  # names the line
+            print(f"prefix-loadtest simulate: bad trace line {exc}", file=sys.stderr)
             return 2
     else:
         reqs = workload_requests(args.workload, args.requests or 1000, args.seed, args.rate)

@@ -39,8 +39,10 @@ __all__ = [
     "WORKLOADS",
     "Request",
     "WorkloadSpec",
+    "MooncakeRecord",
     "generate",
     "mooncake_block_text",
+    "mooncake_records",
     "synthetic_text",
 ]
 
@@ -283,27 +285,65 @@ def _mooncake_prompt(hash_ids: list[int], input_length: int, cache: dict[int, st
     return "".join(parts)
 
 
+@dataclass(frozen=True)
+class MooncakeRecord:
+    """One request of a Mooncake trace: arrival in ms, prompt and output lengths in tokens, and
+    the ids of the prompt's 512-token blocks (equal ids, equal content)."""
+
+    timestamp: float
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+
+
+def _int_field(rec: dict[str, Any], name: str, lo: int) -> int:
+    v = rec.get(name)
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ValueError(f"{name}: expected an integer >= {lo}, got {v!r}")
+    return v
+
+
+def mooncake_records(path: str) -> Iterator[MooncakeRecord]:
+    """The records of a Mooncake-format JSONL file (blank lines skipped); a bad line raises
+    ValueError naming the file, the line number and what is wrong with it."""
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                if not isinstance(rec, dict):
+                    raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
+                ts = rec.get("timestamp")
+                if isinstance(ts, bool) or not isinstance(ts, int | float) or not ts >= 0:
+                    raise ValueError(f"timestamp: expected a number >= 0 (ms), got {ts!r}")
+                hids = rec.get("hash_ids")
+                if not isinstance(hids, list) or not hids or not all(
+                        isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hids):
+                    raise ValueError(f"hash_ids: expected a non-empty list of integers >= 0, "
+                                     f"got {hids!r}"[:200])
+                yield MooncakeRecord(float(ts), _int_field(rec, "input_length", 1),
+                                     _int_field(rec, "output_length", 0), tuple(hids))
+            except ValueError as exc:  # json.JSONDecodeError included
+                raise ValueError(f"{path}:{lineno}: {exc}") from None
+
+
 def mooncake(spec: WorkloadSpec) -> Iterator[Request]:
     if not spec.trace_path:
         raise ValueError("the mooncake workload needs trace_path (e.g. ../shared/data/traces/conversation_trace.jsonl)")
     cache: dict[int, str] = {}
-    with open(spec.trace_path, encoding="utf-8") as fh:
-        i = 0
-        for line in fh:
-            if i >= spec.requests:
-                break
-            rec = json.loads(line)
-            prompt = _mooncake_prompt(list(rec["hash_ids"]), int(rec["input_length"]), cache)
-            body: dict[str, Any] = {
-                "model": spec.model,
-                "prompt": prompt,
-                "max_tokens": max(1, min(int(rec["output_length"]), spec.max_output_tokens)),
-                "temperature": 0,
-                "stream": spec.stream,
-            }
-            at = rec["timestamp"] / 1000.0 / max(spec.time_scale, 1e-9)
-            yield Request(i, at, COMPLETIONS, body, group=f"h{rec['hash_ids'][0]}")
-            i += 1
+    for i, rec in enumerate(mooncake_records(spec.trace_path)):
+        if i >= spec.requests:
+            break
+        body: dict[str, Any] = {
+            "model": spec.model,
+            "prompt": _mooncake_prompt(list(rec.hash_ids), rec.input_length, cache),
+            "max_tokens": max(1, min(rec.output_length, spec.max_output_tokens)),
+            "temperature": 0,
+            "stream": spec.stream,
+        }
+        at = rec.timestamp / 1000.0 / max(spec.time_scale, 1e-9)
+        yield Request(i, at, COMPLETIONS, body, group=f"h{rec.hash_ids[0]}")
 
 
 WORKLOADS = {

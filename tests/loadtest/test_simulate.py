@@ -137,3 +137,17 @@ def test_prompt_affinity_spreads_new_conversations_at_low_load(tmp_path: object)
     assert off.load_max_over_mean == pytest.approx(4.0)   # everything on one replica
     assert on.load_max_over_mean < 2.0
     assert on.hit_rate > off.hit_rate + 0.1, (on.hit_rate, off.hit_rate)
+
+
+def test_a_bad_trace_line_is_a_usage_error_naming_it(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from loadtest.cli import main
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [0]}\n'
+                     '{"timestamp": 1, "input_length": 600, "output_length": 4, "hash_ids": 3}\n')
+    assert main(["simulate", "--trace", str(trace), "--replicas", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "t.jsonl:2: hash_ids: expected a non-empty list" in err and "Traceback" not in err
+    assert main(["simulate", "--trace", str(tmp_path / "missing.jsonl")]) == 2
+    assert "cannot read trace" in capsys.readouterr().err

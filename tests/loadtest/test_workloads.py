@@ -5,10 +5,17 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+from pathlib import Path
 
 import pytest
 
-from loadtest.workloads import WorkloadSpec, generate, mooncake_block_text
+from loadtest.workloads import (
+    MooncakeRecord,
+    WorkloadSpec,
+    generate,
+    mooncake_block_text,
+    mooncake_records,
+)
 from templates_audit.blocks import block_hashes
 from templates_audit.tokenize import default_tokenizer
 
@@ -95,6 +102,40 @@ def test_mooncake_replay_keeps_lengths_and_sharing(tmp_path: object) -> None:
     assert shared == 512 // 16  # exactly the shared 512-token block 0
     assert [r.at for r in reqs] == [0.0, 0.25, 0.75]  # time scaled by 2
     assert reqs[1].body["max_tokens"] == 64  # output length capped
+
+
+# (line, what the error says) — a bad record names its line and what is wrong with it
+BAD_MOONCAKE = [
+    ("nope", "Expecting value"),
+    ("[1, 2]", "expected a JSON object, got list"),
+    ('{"timestamp": "x", "input_length": 5, "output_length": 1, "hash_ids": [1]}', "timestamp"),
+    ('{"timestamp": -1, "input_length": 5, "output_length": 1, "hash_ids": [1]}', "timestamp"),
+    ('{"timestamp": 1, "input_length": 0, "output_length": 1, "hash_ids": [1]}', "input_length"),
+    ('{"timestamp": 1, "input_length": 5, "output_length": -1, "hash_ids": [1]}', "output_length"),
+    ('{"timestamp": 1, "input_length": 5.5, "output_length": 1, "hash_ids": [1]}', "input_length"),
+    ('{"timestamp": 1, "input_length": 5, "output_length": 1, "hash_ids": []}', "hash_ids"),
+    ('{"timestamp": 1, "input_length": 5, "output_length": 1, "hash_ids": [1, "a"]}', "hash_ids"),
+    ('{"timestamp": 1, "input_length": 5, "output_length": 1}', "hash_ids"),
+]
+
+
+@pytest.mark.parametrize(("line", "says"), BAD_MOONCAKE)
+def test_a_bad_mooncake_line_is_named_with_its_number(tmp_path: Path, line: str,
+                                                      says: str) -> None:
+    good = '{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [0, 1]}'
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(f"{good}\n\n{good}\n{line}\n{good}\n")
+    with pytest.raises(ValueError, match=rf"t\.jsonl:4: .*{says}"):
+        list(mooncake_records(str(trace)))
+    with pytest.raises(ValueError, match=r"t\.jsonl:4: "):   # the replay reads through it too
+        generate(WorkloadSpec("mooncake", requests=10, trace_path=str(trace)))
+
+
+def test_mooncake_records_of_a_good_trace(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 2.5, "input_length": 13, "output_length": 0, "hash_ids": [7]}\n'
+                     "\n")
+    assert list(mooncake_records(str(trace))) == [MooncakeRecord(2.5, 13, 0, (7,))]
 
 
 def test_unknown_workload_is_a_clear_error() -> None:
