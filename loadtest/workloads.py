@@ -372,10 +372,26 @@ def _from_file(spec: WorkloadSpec) -> Iterator[Request]:
     rng = random.Random(spec.seed)
     times = _poisson_times(rng, spec.requests, spec.rate)
     with fh:
-        for i, line in enumerate(fh):
+        i = 0
+        for lineno, line in enumerate(fh, 1):
             if i >= spec.requests:
                 break
-            rec = json.loads(line)
-            body = rec.get("body", rec)
-            path = rec.get("path") or (COMPLETIONS if "prompt" in body else CHAT)
-            yield Request(i, float(rec.get("at", times[i])), path, body, group="file")
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                if not isinstance(rec, dict):
+                    raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
+                body = rec.get("body", rec)
+                if not isinstance(body, dict):
+                    raise ValueError(f"body: expected a JSON object, got {type(body).__name__}")
+                path = rec.get("path") or (COMPLETIONS if "prompt" in body else CHAT)
+                if not isinstance(path, str) or not path.startswith("/"):
+                    raise ValueError(f"path: expected a URL path, got {path!r}")
+                at = rec.get("at", times[i])
+                if isinstance(at, bool) or not isinstance(at, int | float) or not at >= 0:
+                    raise ValueError(f"at: expected a number of seconds >= 0, got {at!r}")
+            except ValueError as exc:  # json.JSONDecodeError included
+                raise ValueError(f"{spec.name}:{lineno}: {exc}") from None
+            yield Request(i, float(at), path, body, group="file")
+            i += 1

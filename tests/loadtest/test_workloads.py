@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from loadtest.workloads import (
+    CHAT,
+    COMPLETIONS,
     MooncakeRecord,
     WorkloadSpec,
     generate,
@@ -141,3 +143,20 @@ def test_mooncake_records_of_a_good_trace(tmp_path: Path) -> None:
 def test_unknown_workload_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="unknown workload"):
         generate(WorkloadSpec("no-such-workload"))
+
+
+def test_a_file_of_bodies_and_its_bad_lines(tmp_path: Path) -> None:
+    f = tmp_path / "bodies.jsonl"
+    f.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n\n'
+                 '{"path": "/v1/completions", "body": {"prompt": "p"}, "at": 0.5}\n'
+                 '{"prompt": "q"}\n')
+    reqs = generate(WorkloadSpec(str(f), requests=10, rate=5.0))
+    assert [(r.path, r.at) for r in reqs[1:]] == [(COMPLETIONS, 0.5), (COMPLETIONS, reqs[2].at)]
+    assert reqs[0].path == CHAT and reqs[0].body["messages"][0]["content"] == "hi"
+    assert len(generate(WorkloadSpec(str(f), requests=2, rate=5.0))) == 2  # blank lines skipped
+    for line, says in (("[1]", "expected a JSON object, got list"), ('{"body": 3}', "body"),
+                       ('{"path": 5, "prompt": "p"}', "path"), ('{"at": "x", "prompt": "p"}', "at"),
+                       ("{", "Expecting property name")):
+        f.write_text('{"prompt": "ok"}\n' + line + "\n")
+        with pytest.raises(ValueError, match=rf"bodies\.jsonl:2: .*{says}"):
+            generate(WorkloadSpec(str(f), requests=10, rate=5.0))
