@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import itertools
 import json
 import math
 import random
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "WORKLOADS",
@@ -45,6 +46,8 @@ __all__ = [
     "mooncake_records",
     "synthetic_text",
 ]
+
+T = TypeVar("T")
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -303,29 +306,43 @@ def _int_field(rec: dict[str, Any], name: str, lo: int) -> int:
     return v
 
 
+def _jsonl(name: str, lines: Iterable[str],
+           parse: Callable[[dict[str, Any], int], T]) -> Iterator[T]:
+    """``parse(object, index)`` of each non-blank line (index: among those lines); a line that
+    is not a JSON object, or whose object ``parse`` rejects with ValueError, raises ValueError
+    naming the file, the line number and what is wrong."""
+    index = 0
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
+            out = parse(rec, index)
+        except ValueError as exc:  # json.JSONDecodeError included
+            raise ValueError(f"{name}:{lineno}: {exc}") from None
+        yield out
+        index += 1
+
+
+def _mooncake_record(rec: dict[str, Any], _index: int) -> MooncakeRecord:
+    ts = rec.get("timestamp")
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not ts >= 0:
+        raise ValueError(f"timestamp: expected a number >= 0 (ms), got {ts!r}")
+    hids = rec.get("hash_ids")
+    if not isinstance(hids, list) or not hids or not all(
+            isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hids):
+        raise ValueError(f"hash_ids: expected a non-empty list of integers >= 0, got {hids!r}"[:200])
+    return MooncakeRecord(float(ts), _int_field(rec, "input_length", 1),
+                          _int_field(rec, "output_length", 0), tuple(hids))
+
+
 def mooncake_records(path: str) -> Iterator[MooncakeRecord]:
     """The records of a Mooncake-format JSONL file (blank lines skipped); a bad line raises
     ValueError naming the file, the line number and what is wrong with it."""
     with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                if not isinstance(rec, dict):
-                    raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
-                ts = rec.get("timestamp")
-                if isinstance(ts, bool) or not isinstance(ts, int | float) or not ts >= 0:
-                    raise ValueError(f"timestamp: expected a number >= 0 (ms), got {ts!r}")
-                hids = rec.get("hash_ids")
-                if not isinstance(hids, list) or not hids or not all(
-                        isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hids):
-                    raise ValueError(f"hash_ids: expected a non-empty list of integers >= 0, "
-                                     f"got {hids!r}"[:200])
-                yield MooncakeRecord(float(ts), _int_field(rec, "input_length", 1),
-                                     _int_field(rec, "output_length", 0), tuple(hids))
-            except ValueError as exc:  # json.JSONDecodeError included
-                raise ValueError(f"{path}:{lineno}: {exc}") from None
+        yield from _jsonl(path, fh, _mooncake_record)
 
 
 def mooncake(spec: WorkloadSpec) -> Iterator[Request]:
@@ -371,27 +388,18 @@ def _from_file(spec: WorkloadSpec) -> Iterator[Request]:
         raise ValueError(f"unknown workload {spec.name!r}: not one of {sorted(WORKLOADS)} and not a readable file ({exc})") from exc
     rng = random.Random(spec.seed)
     times = _poisson_times(rng, spec.requests, spec.rate)
+
+    def request(rec: dict[str, Any], i: int) -> Request:
+        body = rec.get("body", rec)
+        if not isinstance(body, dict):
+            raise ValueError(f"body: expected a JSON object, got {type(body).__name__}")
+        path = rec.get("path") or (COMPLETIONS if "prompt" in body else CHAT)
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise ValueError(f"path: expected a URL path, got {path!r}")
+        at = rec.get("at", times[i])
+        if isinstance(at, bool) or not isinstance(at, int | float) or not at >= 0:
+            raise ValueError(f"at: expected a number of seconds >= 0, got {at!r}")
+        return Request(i, float(at), path, body, group="file")
+
     with fh:
-        i = 0
-        for lineno, line in enumerate(fh, 1):
-            if i >= spec.requests:
-                break
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                if not isinstance(rec, dict):
-                    raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
-                body = rec.get("body", rec)
-                if not isinstance(body, dict):
-                    raise ValueError(f"body: expected a JSON object, got {type(body).__name__}")
-                path = rec.get("path") or (COMPLETIONS if "prompt" in body else CHAT)
-                if not isinstance(path, str) or not path.startswith("/"):
-                    raise ValueError(f"path: expected a URL path, got {path!r}")
-                at = rec.get("at", times[i])
-                if isinstance(at, bool) or not isinstance(at, int | float) or not at >= 0:
-                    raise ValueError(f"at: expected a number of seconds >= 0, got {at!r}")
-            except ValueError as exc:  # json.JSONDecodeError included
-                raise ValueError(f"{spec.name}:{lineno}: {exc}") from None
-            yield Request(i, float(at), path, body, group="file")
-            i += 1
+        yield from itertools.islice(_jsonl(spec.name, fh, request), spec.requests)
