@@ -103,6 +103,10 @@ FIXED_BUGS = [
     " the replica's `stop_after=0` fault; also seen once in the flap scenario).",
     "JSON nested ~1,000+ levels deep raised `RecursionError` in `json.loads` and was answered "
     "500 with a traceback in the log instead of 400 (`test_deeply_nested`).",
+    "A chat message whose `role` is a list or an object (unhashable) raised `TypeError` in the "
+    "routing-key derivation and was answered 500 instead of relayed (found by fuzzing outside "
+    "these suites; now `test_wrong_message_fields`, which draws any JSON value for every "
+    "message field).",
 ]
 OBSERVATIONS = [
     "The replica's `refuse` fault (stop accepting new connections) does not make the replica "

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ThreadedServer, asgi_lifespan
@@ -129,6 +129,21 @@ def test_any_json_body(client: RawHTTP, baseline_rss: int, value: Any) -> None:
             resp = check(client.send(request("POST", path, json.dumps(body).encode())))
             if not isinstance(body, dict):
                 assert resp.status == 400 and is_openai_error(resp)
+
+
+@fuzz(300)
+@example(messages=[{"role": ["system"], "content": "x"}])   # once a 500: an unhashable role
+@given(messages=st.lists(
+    st.fixed_dictionaries({}, optional={
+        "role": st.sampled_from(["system", "developer", "user", "assistant"]) | json_values,
+        "content": json_values, "name": json_values, "tool_calls": json_values}),
+    min_size=1, max_size=4))
+def test_wrong_message_fields(client: RawHTTP, baseline_rss: int,
+                              messages: list[dict[str, Any]]) -> None:
+    # messages that are objects, with any JSON value in their fields: never a 5xx
+    count("wrong_types")
+    check(client.send(request("POST", "/v1/chat/completions",
+                              json.dumps({"model": "m", "messages": messages}).encode())))
 
 
 shallow = (st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10)
