@@ -115,6 +115,14 @@ class _Acc:
     cpu: float | None = 0.0
     wall: float = 0.0
 
+    @property
+    def cpu_per_request(self) -> float | None:
+        return self.cpu / self.ok if self.cpu is not None and self.ok else None
+
+    @property
+    def throughput(self) -> float | None:
+        return self.ok / self.wall if self.wall else None
+
 
 def _round(launched: Launched, setup: Setup, mode: str, concurrency: int, n: int,
            cfg: OverheadConfig, acc: _Acc) -> None:
@@ -150,11 +158,11 @@ def _charged(pid: int | None, acc: _Acc, work: Callable[[], T]) -> T:
 def _row(setup: str, mode: str, concurrency: int, acc: _Acc) -> dict[str, Any]:
     stream = mode != "plain"
     chunks = acc.tokens / acc.ok if acc.ok else 0.0
-    per_req = acc.cpu / acc.ok if acc.cpu is not None and acc.ok else None
+    per_req = acc.cpu_per_request
     return {"setup": setup, "mode": mode,
             "concurrency": concurrency, "requests": acc.ok, "errors": acc.errors,
             "latency": summarize(acc.e2e), "ttft": summarize(acc.ttft),
-            "throughput": acc.ok / acc.wall if acc.wall else None,
+            "throughput": acc.throughput,
             "cpu_seconds": acc.cpu, "cpu_per_request": per_req,
             "cpu_per_chunk": per_req / chunks if per_req is not None and stream and chunks else None,
             "chunks_per_request": chunks}
@@ -201,9 +209,8 @@ def _capacity_round(launched: Launched, mode: str, n: int, cfg: OverheadConfig,
 
 def _capacity_row(setup: str, mode: str, acc: _Acc) -> dict[str, Any]:
     return {"setup": setup, "mode": mode, "concurrency": None, "requests": acc.ok,
-            "errors": acc.errors, "throughput": acc.ok / acc.wall if acc.wall else None,
-            "cpu_seconds": acc.cpu,
-            "cpu_per_request": acc.cpu / acc.ok if acc.cpu is not None and acc.ok else None}
+            "errors": acc.errors, "throughput": acc.throughput, "cpu_seconds": acc.cpu,
+            "cpu_per_request": acc.cpu_per_request}
 
 
 def _launch_all(setups: Sequence[Setup], fleet: Fleet, workdir: Path, suffix: str,
@@ -328,9 +335,10 @@ def ratios(rows: Sequence[Mapping[str, Any]],
     out: dict[str, Any] = {}
 
     def ratio(ours: str, other: str, mode: str, key: str,
-              cells: Sequence[Mapping[str, Any]] = rows) -> float | None:
-        c = None if cells is capacity else conc
-        mine, theirs = _find(cells, ours, mode, c), _find(cells, other, mode, c)
+              cells: Sequence[Mapping[str, Any]] = rows, concurrency: int | None = conc
+              ) -> float | None:
+        mine = _find(cells, ours, mode, concurrency)
+        theirs = _find(cells, other, mode, concurrency)
         if mine and theirs and mine.get(key) and theirs.get(key):
             return float(mine[key] / theirs[key])
         return None
@@ -348,8 +356,9 @@ def ratios(rows: Sequence[Mapping[str, Any]],
         # One instant replica's capacity per core as a multiple of the router's (issue #3:
         # the replica must not be what limits a router benchmark): router CPU per request over
         # the replica's own CPU per request when hit directly, same requests, same run.
-        cells = capacity if _find(capacity, "direct", mode) else rows
-        if (v := ratio("router", "direct", mode, "cpu_per_request", cells)) is not None:
+        # (capacity cells have no concurrency of their own)
+        cells, c = (capacity, None) if _find(capacity, "direct", mode) else (rows, conc)
+        if (v := ratio("router", "direct", mode, "cpu_per_request", cells, c)) is not None:
             out[f"replica_capacity_vs_router_{mode}"] = v
         r = _find(rows, "router", mode, 1)
         if r is not None:

@@ -174,8 +174,12 @@ class PrefixCache:
         get = self._cached.get
         # The last block is cached, so most likely all are; or only the last one is new (a new
         # user turn after a cached prefix): then look them up in one C pass.
-        upto = (limit if get(hashes[limit - 1]) is not None
-                else limit - 1 if limit >= 2 and get(hashes[limit - 2]) is not None else 0)
+        if get(hashes[limit - 1]) is not None:
+            upto = limit
+        elif limit >= 2 and get(hashes[limit - 2]) is not None:
+            upto = limit - 1
+        else:
+            upto = 0
         if upto:
             found = list(map(get, islice(hashes, upto)))
             if None in found:
