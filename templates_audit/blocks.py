@@ -51,6 +51,7 @@ __all__ = ["NONE_HASH", "Allocation", "PrefixCache", "block_hashes", "block_toke
            "chain_token_hashes", "hit_rate"]
 
 NONE_HASH = 0x5F3759DF_2B992DDF  # seed of the first block when no cache salt is given
+_SMALL = 8  # blocks: fewer are handled by plain loops, more by batch operations
 
 
 def _first_seed(salt: str | None) -> int:
@@ -72,10 +73,19 @@ def block_hashes(
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be > 0, got {block_size}")
-    if len(token_ids) < block_size:
+    n = len(token_ids)
+    if n < block_size:
         return []
     h = _first_seed(salt) if parent is None else parent
-    return chain_token_hashes(block_token_hashes(token_ids, block_size), h)
+    if n >= _SMALL * block_size:
+        return chain_token_hashes(block_token_hashes(token_ids, block_size), h)
+    # A few blocks (a request's tail after a cached head): one loop costs less than setting up
+    # the iterator pipeline. The same tuples are hashed, so the same hashes.
+    out: list[int] = []
+    for i in range(0, n - n % block_size, block_size):
+        h = hash((h, hash(tuple(token_ids[i:i + block_size]))))
+        out.append(h)
+    return out
 
 
 def block_token_hashes(token_ids: Iterable[int], block_size: int) -> Iterator[int]:
@@ -115,7 +125,6 @@ class Allocation:
     freed: bool = field(default=False)
 
 
-_SMALL = 8  # blocks: fewer are handled by plain loops, more by batch operations
 _SCAN = 16  # blocks looked up per C pass when the hit search expects a miss
 
 
@@ -378,10 +387,20 @@ class PrefixCache:
         bs = self.block_size
         cached = self._cached
         if num_tokens > bs and hashes and hashes[0] in cached and hit_limit != 0:
-            hit = self._hit_blocks(hashes, num_tokens, hit_limit)
+            if num_tokens <= _SMALL * bs:  # a few blocks (the auditor's lazy tails): a plain loop
+                limit = min(len(hashes), (num_tokens - 1) // bs)
+                if hit_limit is not None and hit_limit < limit:
+                    limit = hit_limit
+                hit = []
+                for i in range(limit):
+                    bid = cached.get(hashes[i])
+                    if bid is None:
+                        break
+                    hit.append(bid)
+            else:
+                hit = self._hit_blocks(hashes, num_tokens, hit_limit)
             nhit = len(hit)
-            hit_set = set(hit)
-            if len(hit_set) != nhit:  # one block twice (equal hashes): the general path
+            if nhit > 1 and len(set(hit)) != nhit:  # one block twice (equal hashes): the general path
                 return self._insert_pinned(hashes, num_tokens, record, hit_limit)
         else:
             hit, nhit = [], 0
@@ -405,8 +424,8 @@ class PrefixCache:
         if need > 0:
             # The head of the free queue, hit blocks excluded (they are pinned first).
             if nhit:
-                taken = list(islice(filterfalse(hit_set.__contains__, islice(free, need + nhit)),
-                                    need))
+                excluded = hit.__contains__ if nhit <= _SMALL else set(hit).__contains__
+                taken = list(islice(filterfalse(excluded, free), need))
             else:
                 taken = list(islice(free, need))
             hashd = self._hash
@@ -431,8 +450,12 @@ class PrefixCache:
                 self._refill(taken, hashes[nhit:upto])
                 # Freed tail first: the blocks end up at the queue's tail in reverse order.
                 _drain(map(free.move_to_end, reversed(taken)))
-        if nhit:
+        if nhit > _SMALL:
             _drain(map(free.move_to_end, reversed(hit)))
+        elif nhit:
+            move = free.move_to_end
+            for bid in reversed(hit):
+                move(bid)
         hit_tokens = nhit * bs
         if record:
             self.queries += num_tokens

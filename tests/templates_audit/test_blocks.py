@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from templates_audit.blocks import PrefixCache, block_hashes, hit_rate
+from templates_audit.blocks import NONE_HASH, PrefixCache, block_hashes, hit_rate
 
 BS = 4
 
@@ -33,6 +35,22 @@ def test_parent_continues_the_chain() -> None:
     head = block_hashes(toks(8), BS)
     tail = block_hashes(toks(4, 8), BS, parent=head[-1])
     assert head + tail == full
+
+
+@pytest.mark.parametrize("bs", [1, 3, 16])
+def test_short_and_long_inputs_hash_alike(bs: int) -> None:
+    """A few blocks are hashed by a plain loop, more through the iterator pipeline: both give
+    the chain of ``hash((parent, hash(block tuple)))`` written out here."""
+    rng = random.Random(bs)
+    for n in range(0, 20 * bs, max(1, bs // 3)):
+        ids = [rng.randrange(1 << 31) for _ in range(n)]
+        h, expected = NONE_HASH, []
+        for i in range(n // bs):
+            h = hash((h, hash(tuple(ids[i * bs:(i + 1) * bs]))))
+            expected.append(h)
+        assert block_hashes(ids, bs) == expected
+        assert block_hashes(ids, bs, parent=7)[:1] == ([hash((7, hash(tuple(ids[:bs]))))]
+                                                       if n >= bs else [])
 
 
 def test_salt_separates_caches() -> None:

@@ -220,10 +220,14 @@ SEEDS = range(20)
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("num_blocks", [None, 3, 8, 24, 64])
-@pytest.mark.parametrize("scan", [16, 3])  # blocks per lookup pass of the hit search
+# blocks per lookup pass of the hit search; most blocks handled by plain loops (64: every
+# request of these traces, 1: almost none)
+@pytest.mark.parametrize(("scan", "small"), [(16, 8), (3, 8), (16, 64), (16, 1)])
 def test_sequential_inserts_equal_the_reference(seed: int, num_blocks: int | None, scan: int,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+                                                small: int, monkeypatch: pytest.MonkeyPatch
+                                                ) -> None:
     monkeypatch.setattr(blocks, "_SCAN", scan)
+    monkeypatch.setattr(blocks, "_SMALL", small)
     rng = random.Random(seed * 1000 + (num_blocks or 0))
     bs = rng.choice([1, 2, 4])
     new, ref = PrefixCache(num_blocks, bs), ReferenceCache(num_blocks, bs)
