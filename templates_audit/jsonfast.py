@@ -18,7 +18,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Refused", "fast_loads", "loads"]
+__all__ = ["Refused", "depth", "fast_loads", "fast_loads_depth", "loads"]
 
 _orjson_loads: Callable[[bytes], Any] | None
 try:
@@ -30,17 +30,35 @@ _BIG = float(2**63)   # orjson keeps integers in [-2**63, 2**64) as ints, others
 
 
 def _holds_big_float(value: Any) -> bool:
-    """Whether a decoded value holds an integral float with magnitude >= 2**63 (iterative)."""
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if type(v) is dict:
-            stack.extend(v.values())
-        elif type(v) is list:
-            stack.extend(v)
-        elif type(v) is float and (v >= _BIG or v <= -_BIG) and v.is_integer():
-            return True
-    return False
+    """Whether a decoded value holds an integral float with magnitude >= 2**63."""
+    return depth(value) < 0
+
+
+def depth(value: Any) -> int:
+    """How deep a decoded value nests (the top level is 1, ``[[]]`` is 2), or -1 when it holds
+    an integral float with magnitude >= 2**63: the check `fast_loads` needs and a caller's depth
+    limit in one walk, level by level (no recursion)."""
+    deepest = 0
+    level = [value]
+    while level:
+        below: list[Any] = []
+        nested = False
+        for v in level:
+            t = type(v)
+            if t is str:  # most values of a request body
+                continue
+            if t is dict:
+                below.extend(v.values())
+                nested = True
+            elif t is list:
+                below.extend(v)
+                nested = True
+            elif t is float and (v >= _BIG or v <= -_BIG) and v.is_integer():
+                return -1
+        if nested:
+            deepest += 1
+        level = below
+    return max(deepest, 1)
 
 
 class Refused(Exception):
@@ -49,15 +67,21 @@ class Refused(Exception):
 
 def fast_loads(data: bytes) -> Any:
     """orjson's value of ``data`` when it is certainly json.loads's, else raise `Refused`."""
+    return fast_loads_depth(data)[0]
+
+
+def fast_loads_depth(data: bytes) -> tuple[Any, int]:
+    """`fast_loads` and the value's `depth`, found in the same walk."""
     if _orjson_loads is None:
         raise Refused
     try:
         value = _orjson_loads(data)
     except ValueError:  # orjson.JSONDecodeError
         raise Refused from None
-    if _holds_big_float(value):
+    levels = depth(value)
+    if levels < 0:
         raise Refused
-    return value
+    return value, levels
 
 
 def loads(data: bytes) -> Any:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from templates_audit.jsonfast import Refused, fast_loads
+from templates_audit.jsonfast import Refused, fast_loads_depth
 from templates_audit.model import BadLine
 
 __all__ = [
@@ -167,11 +167,13 @@ def total_bytes(paths: Iterable[str]) -> int | None:
 def parse_record(raw: bytes, file: str = "<input>", line: int = 0, *, max_depth: int = DEFAULT_MAX_DEPTH) -> Record:
     """Parse one JSONL line; raises ``ValueError`` (a private subclass) with the reason."""
     try:
-        obj = fast_loads(raw)
+        obj, levels = fast_loads_depth(raw)
+        too_deep = levels > max_depth
     except Refused:  # no orjson, or the standard library's answer (value or error) is needed
         obj = _slow_loads(raw, max_depth)
-    # Cheap bound first: a line with fewer brackets than the limit cannot nest deeper.
-    if _more_brackets(raw, max_depth) and _too_deep(obj, max_depth):
+        # Cheap bound first: a line with fewer brackets than the limit cannot nest deeper.
+        too_deep = _more_brackets(raw, max_depth) and _too_deep(obj, max_depth)
+    if too_deep:
         raise _Bad(f"nested deeper than {max_depth} levels")
     if not isinstance(obj, dict):
         raise _Bad(f"expected a JSON object, got {type(obj).__name__}")

@@ -75,3 +75,26 @@ def test_big_integral_floats_anywhere_in_the_value_are_refused() -> None:
             fast_loads(data)
     assert fast_loads(b'{"a": [{"b": [1, 2.5, 9.2e18, 18446744073709551615]}]}') == {
         "a": [{"b": [1, 2.5, 9.2e18, 18446744073709551615]}]}
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON_VALUES | st.recursive(st.just(0), lambda inner: st.lists(inner, max_size=2)
+                                  | st.dictionaries(st.just("k"), inner, max_size=1), max_leaves=12))
+def test_depth_is_the_nesting_the_trace_reader_limits(value: Any) -> None:
+    """``depth(v) > limit`` is exactly the trace reader's recursive-free ``_too_deep`` test."""
+    from templates_audit.traces import _too_deep
+
+    levels = jsonfast.depth(value)
+    if levels < 0:  # holds a big integral float: fast_loads refuses it, the depth is not used
+        assert jsonfast._holds_big_float(value)
+        return
+    for limit in range(0, 10):
+        assert (levels > limit) == _too_deep(value, limit), (value, limit)
+
+
+def test_depth_examples() -> None:
+    assert [jsonfast.depth(v) for v in (1, "s", [], {}, [[]], {"a": [1, {"b": []}]}, [1, [2, [3]]])] == [
+        1, 1, 1, 1, 2, 4, 3]
+    assert jsonfast.depth({"a": [1e19]}) == -1
+    assert fast_loads(b'{"a": [[]]}') == {"a": [[]]}
+    assert jsonfast.fast_loads_depth(b'{"a": [[]]}') == ({"a": [[]]}, 3)
