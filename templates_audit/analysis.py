@@ -136,6 +136,7 @@ class Auditor:
         found: tuple[TemplateState | None, str, tuple[int, int] | None] | None = None
         lines: tuple[int, int] | None = None
         same_from: int | None = None
+        same_to = 0
         if self._line_tokenizer and (end == 0 or prompt.text[end - 1] == "\n"):
             # No default-tokenizer token crosses a newline: static part and tail tokenise apart.
             if entry is not None:
@@ -147,7 +148,8 @@ class Auditor:
                 if tpl is not None and (not tpl.static_text or tpl.static_text[-1] == "\n"):
                     if lines is None:
                         lines = changed_range(tpl.static_text, static_text)
-                    static_ids, same_from = _splice_ids(self.tokenizer, tpl, static_text, lines)
+                    static_ids, same_to, same_from = _splice_ids(self.tokenizer, tpl, static_text,
+                                                                 lines)
                 else:
                     static_ids = self.tokenizer.encode(static_text)
             tail_ids = self.tokenizer.encode(prompt.text[end:])
@@ -164,7 +166,8 @@ class Auditor:
         if tpl is None:
             tpl = self._template(record, prompt, static_ids, offsets, key, found)
         if entry is None:
-            entry = self._static_entry(tpl, static_text, static_ids, key, lines, same_from)
+            entry = self._static_entry(tpl, static_text, static_ids, key, lines, same_from,
+                                       same_to)
         tpl.requests += 1
         self.requests += 1
         self.prompt_tokens += len(static_ids) + len(tail_ids)
@@ -174,15 +177,16 @@ class Auditor:
 
     def _static_entry(self, tpl: TemplateState, text: str, ids: list[int], key: int,
                       lines: tuple[int, int] | None = None,
-                      same_from: int | None = None) -> StaticPart:
+                      same_from: int | None = None, same_to: int = 0) -> StaticPart:
         """Tokens, block hashes and diff of one distinct static part, kept for its repeats.
-        ``same_from``: ``ids[same_from:]`` are the reference's own last tokens (the splice)."""
+        ``same_to``/``same_from``: ``ids[:same_to]`` are the reference's first tokens and
+        ``ids[same_from:]`` its last ones (the splice)."""
         bs = self.block_size
         head = tpl.head.hashes
         if text == tpl.static_text:
             entry = StaticPart(text, tpl.static_ids, tpl.head, [])
         else:
-            prefix = head[:_shared_blocks(ids, tpl.static_ids, len(head), bs)]
+            prefix = head[:_shared_blocks(ids, tpl.static_ids, len(head), bs, same_to)]
             start = len(prefix) * bs
             if same_from is not None and len(ids) == len(tpl.static_ids):
                 # From block `reuse` on, this static part's blocks are the reference's tokens at
@@ -354,35 +358,48 @@ def _chain(before: list[int], ids: list[int], bs: int) -> list[int]:
 
 
 def _splice_ids(tokenizer: Tokenizer, tpl: TemplateState, text: str,
-                lines: tuple[int, int]) -> tuple[list[int], int]:
+                lines: tuple[int, int]) -> tuple[list[int], int, int]:
     """``tokenizer.encode(text)`` for the default tokenizer, reusing the reference's tokens.
 
     ``text`` and the reference (whose static part ends with a newline, or is empty) agree but
     on the reference's lines ``lines = (lo, hi)`` (:func:`.findings.changed_range`). No
     default-tokenizer token crosses a newline, so the tokens of the whole lines before ``lo`` and
     of everything from the newline at ``hi`` are the reference's; only the lines in between are
-    tokenised. Also returns where the reference's reused last tokens start in the result. A
-    test checks this against ``encode`` on random edits.
+    tokenised. Also returns how many first tokens of the result are the reference's first tokens
+    and where the reference's reused last tokens start in it. A test checks this against
+    ``encode`` on random edits.
     """
     ref = tpl.static_text
     lo, hi = lines
     offs, ref_ids = tpl.offsets, tpl.static_ids
-    head = ref_ids[: bisect.bisect_left(offs, lo)]
+    same_to = bisect.bisect_left(offs, lo)
+    head = ref_ids[:same_to]
     head += tokenizer.encode(text[lo:len(text) - (len(ref) - hi)])
     same_from = len(head)
     head += ref_ids[bisect.bisect_left(offs, hi):]
-    return head, same_from
+    return head, same_to, same_from
 
 
-def _shared_blocks(ids: list[int], ref: list[int], limit: int, bs: int) -> int:
-    """Leading full blocks of ``ids`` equal to ``ref``'s (C-speed slice compares: all of them,
-    else galloping from the start — a difference is usually near the top — then bisection)."""
-    lo, hi = 0, min(limit, len(ids) // bs)
+_STEP_BLOCKS = 4  # blocks compared one by one after a known-equal prefix before bisecting
+
+
+def _shared_blocks(ids: list[int], ref: list[int], limit: int, bs: int, equal: int = 0) -> int:
+    """Leading full blocks of ``ids`` equal to ``ref``'s, at most ``limit``; the first ``equal``
+    tokens are known to be equal. A few blocks after those are compared one by one (an edit
+    ends the shared prefix there); otherwise C-speed slice compares: all of them, else
+    galloping from the start — a difference is usually near the top — then bisection."""
+    hi = min(limit, len(ids) // bs)
+    k = min(equal // bs, hi)
+    for _ in range(_STEP_BLOCKS):
+        if k >= hi or ids[k * bs:(k + 1) * bs] != ref[k * bs:(k + 1) * bs]:
+            return k
+        k += 1
+    lo = k
     if ids[: hi * bs] == ref[: hi * bs]:
         return hi
     step = 1
     while step < hi and ids[: step * bs] == ref[: step * bs]:
-        lo = step
+        lo = max(lo, step)
         step *= 2
     hi = min(step, hi) - 1  # the first min(step, hi) blocks differ somewhere
     while lo < hi:

@@ -273,9 +273,31 @@ def test_spliced_static_tokens_equal_a_fresh_tokenisation() -> None:
                 else:
                     edited[i] = edited[i][: rng.randrange(len(edited[i]) + 1)] + rng.choice(pool)
         text = "\n".join(edited) + "\n"
-        got, same_from = _splice_ids(tok, tpl, text, changed_range(tpl.static_text, text))
+        got, same_to, same_from = _splice_ids(tok, tpl, text, changed_range(tpl.static_text, text))
         assert got == tok.encode(text), (ref, text)
+        assert got[:same_to] == tpl.static_ids[:same_to]
         assert got[same_from:] == tpl.static_ids[len(tpl.static_ids) - len(got) + same_from:]
+
+
+@pytest.mark.parametrize("step_blocks", [0, 1, 4])
+def test_shared_blocks_is_the_longest_equal_block_prefix(step_blocks: int,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from templates_audit import analysis
+
+    monkeypatch.setattr(analysis, "_STEP_BLOCKS", step_blocks)
+    rng = random.Random(step_blocks)
+    for _ in range(2000):
+        bs = rng.choice([1, 2, 4])
+        ref = [rng.randrange(3) for _ in range(rng.randrange(0, 40))]
+        cut = rng.randrange(len(ref) + 1)
+        ids = ref[:cut] + [rng.randrange(3) for _ in range(rng.randrange(0, 40))]
+        limit = rng.randrange(len(ref) // bs + 1)
+        equal = next((i for i, (a, b) in enumerate(zip(ids, ref)) if a != b), min(len(ids), len(ref)))
+        expected = 0
+        while (expected < min(limit, len(ids) // bs)
+               and ids[expected * bs:(expected + 1) * bs] == ref[expected * bs:(expected + 1) * bs]):
+            expected += 1
+        assert analysis._shared_blocks(ids, ref, limit, bs, rng.randrange(equal + 1)) == expected
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
