@@ -96,11 +96,32 @@ def _long_tokens(classes: bytes) -> list[tuple[int, int, int]]:
     return out
 
 
+# Windows depend on a text only through its characters' classes (all digits alike) and where
+# its spaces and newlines are, so texts that differ only in their ASCII digits (a timestamp
+# line, a date line) have the same windows: short texts are memoised by that shape.
+_SHAPE = bytes.maketrans(b"123456789", b"000000000")
+_SHAPED_MAX_CHARS = 512
+_SHAPED_MAX = 4096
+_shaped: dict[tuple[bytes, bool], list[Window]] = {}
+
+
 def windows(text: str, *, dotted: bool, extra: tuple[str, ...] = ()) -> list[Window]:
-    """Sorted, disjoint windows around the seeds of `text`."""
+    """Sorted, disjoint windows around the seeds of `text` (do not mutate the result)."""
+    if extra or len(text) > _SHAPED_MAX_CHARS:
+        return _windows(text, dotted, extra)
+    key = (text.encode("utf-8", "surrogatepass").translate(_SHAPE), dotted)
+    out = _shaped.get(key)
+    if out is None:
+        if len(_shaped) >= _SHAPED_MAX:
+            _shaped.clear()
+        out = _shaped[key] = _windows(text, dotted, extra)
+    return out
+
+
+def _windows(text: str, dotted: bool, extra: tuple[str, ...]) -> list[Window]:
     classes = text.encode("latin-1", "replace").translate(_CLASSES)
     pattern = _DOTTED_SEEDS if dotted else _DIGIT_SEEDS
-    seeds = [(m.start(), m.end(), m.end() - m.start()) for m in pattern.finditer(classes)]
+    seeds = [(a, b, b - a) for a, b in map(re.Match.span, pattern.finditer(classes))]
     seeds += _long_tokens(classes)
     for needle in extra:
         k = text.find(needle)

@@ -65,3 +65,17 @@ def test_windows_are_sorted_disjoint_and_cut_no_token() -> None:
     for lo, hi, _ in spans:
         assert lo == 0 or text[lo - 1] in " \n"
         assert hi == len(text) or text[hi] in " \n"
+
+
+@settings(max_examples=150, deadline=None)
+@given(texts, st.randoms(use_true_random=False))
+def test_memoised_windows_equal_computed_ones(text: str, rng) -> None:  # type: ignore[no-untyped-def]
+    """Short texts' windows are memoised by shape (ASCII digits alike): a text that differs
+    from a memoised one only in its digits gets the windows computed for itself."""
+    from templates_audit.detectors import regions
+
+    text = text[:regions._SHAPED_MAX_CHARS]
+    for dotted in (True, False):
+        assert windows(text, dotted=dotted) == regions._windows(text, dotted, ())
+        other = "".join(str(rng.randrange(10)) if c in "0123456789" else c for c in text)
+        assert windows(other, dotted=dotted) == regions._windows(other, dotted, ())
