@@ -24,7 +24,7 @@ import difflib
 import functools
 import itertools
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from templates_audit.detectors import Kind, Match, classify, scan
 
@@ -36,8 +36,10 @@ _JOINERS = frozenset("-_:.@+#'")  # characters that glue one value together ("20
 _SPACE = re.compile(r"\s")  # matches exactly the characters for which str.isspace() is true
 
 
-@dataclass(frozen=True)
-class Span:
+class Span(NamedTuple):
+    """One varying span: ``ref[ref_start:ref_end]`` in the reference, ``req[start:end]`` in the
+    request (a named tuple: several are built per diffed request)."""
+
     ref_start: int
     ref_end: int
     start: int

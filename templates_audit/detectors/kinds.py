@@ -8,7 +8,7 @@ year) from per-request/per-day ones without a second kind taxonomy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 from enum import StrEnum
 
 
@@ -38,9 +38,9 @@ EVENT_DATE = "event_date"  # "founded on …", "born on …": a fixed date in pr
 LONG_LIVED_DETECTORS: frozenset[str] = frozenset({KNOWLEDGE_CUTOFF, CURRENT_YEAR, EVENT_DATE})
 
 
-@dataclass(frozen=True)
-class Match:
-    """One detected value: `text[start:end] == value`; `detector` is the named pattern."""
+class Match(NamedTuple):
+    """One detected value: `text[start:end] == value`; `detector` is the named pattern (a
+    named tuple: one is built per value found, on the router's path too)."""
 
     kind: Kind
     start: int
