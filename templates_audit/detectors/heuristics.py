@@ -108,6 +108,11 @@ def dated_model_id_ok(m: re.Match[str], text: str) -> bool:
     return glued and compact_date_ok(m, text)
 
 
+def has_digit(m: re.Match[str], text: str) -> bool:
+    """The value holds an ASCII digit (an id made of letters only is a placeholder)."""
+    return any(c in "0123456789" for c in m[0])
+
+
 def hex_id_ok(m: re.Match[str], text: str) -> bool:
     """>= 16 hex chars with both digits and letters, in one case (ids, digests; not words)."""
     start, value = m.start(), m[0]

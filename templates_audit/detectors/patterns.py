@@ -13,7 +13,9 @@ left boundary a look-behind would express is `reject_after` (a one-character cla
 character before the value, in Python), and cues that precede a value ("knowledge cutoff:",
 "order #") are checked by the validator on the left context. Two cheap gates skip a detector
 on a region that cannot hold its values: `gate` (one of these substrings must occur) and
-`min_run` (the longest ASCII digit run of any value is at least this long; see regions.py).
+`min_run` (the longest ASCII digit run of any value is at least this long; see regions.py); a
+`token` detector's values are long tokens holding a digit (regions.py's long-token seeds), so
+it only runs in windows that hold such a token.
 Patterns have no nested unbounded repeats: each pass is linear.
 """
 
@@ -32,7 +34,7 @@ Validator = Callable[[re.Match[str], str], bool]
 @dataclass(frozen=True)
 class Detector:
     """One named family of patterns for one kind (see the module docstring for the fields'
-    roles: `validate`, `reject_after`, `anchor`, `priority`, `gate`, `min_run`)."""
+    roles: `validate`, `reject_after`, `anchor`, `priority`, `gate`, `min_run`, `token`)."""
 
     name: str
     kind: Kind
@@ -43,6 +45,7 @@ class Detector:
     priority: int = 50
     gate: tuple[str, ...] = ()
     min_run: int = 1
+    token: bool = False
 
 
 def _c(*sources: str) -> tuple[re.Pattern[str], ...]:
@@ -232,10 +235,11 @@ UUID = Detector(
         r"[0-9A-Fa-f][0-9A-Fa-f]{7}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}"
         r"(?![0-9A-Fa-f])"
     ),
-    reject_after=re.compile(r"[0-9A-Fa-f]"),
+    h.has_digit,  # `deadbeef-dead-…` is a placeholder, and windows are seeded by digits
+    re.compile(r"[0-9A-Fa-f]"),
     priority=10,
     gate=("-",),
-    min_run=1,
+    token=True,
 )
 HEX_ID = Detector(
     "hex_run",
@@ -243,6 +247,7 @@ HEX_ID = Detector(
     _c(r"[0-9A-Fa-f][0-9A-Fa-f]{15,}(?![\w-])"),
     h.hex_id_ok,
     priority=35,
+    token=True,
 )
 PREFIXED_ID = Detector(
     "prefixed_id",
@@ -255,6 +260,7 @@ PREFIXED_ID = Detector(
     WORD_OR["-"],
     priority=30,
     gate=("_", "-"),
+    token=True,
 )
 NUMERIC_ID = Detector(
     "numeric_id",

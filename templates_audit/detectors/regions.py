@@ -34,7 +34,8 @@ import re
 Window = tuple[int, int, int]  # start, end, longest digit run inside (a gate for detectors)
 
 _LEFT, _RIGHT, _SNAP, _TOKEN = 32, 64, 256, 14
-_UNKNOWN_RUN = 1 << 30  # a long-token seed: its digit runs are not measured
+# a long-token seed: its digit runs are not measured; a window holding one reports this run
+LONG_TOKEN_RUN = _UNKNOWN_RUN = 1 << 30
 
 
 def _class_table() -> bytes:

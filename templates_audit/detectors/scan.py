@@ -35,7 +35,7 @@ from functools import lru_cache
 from . import heuristics as h
 from .kinds import EVENT_DATE, KNOWLEDGE_CUTOFF, LONG_LIVED_DETECTORS, Kind, Match
 from .patterns import ROUTER_DETECTORS, TEXT_WIDE, WINDOWED, Detector
-from .regions import Window, windows
+from .regions import LONG_TOKEN_RUN, Window, windows
 
 ROUTER_KINDS: frozenset[Kind] = frozenset(
     {
@@ -58,11 +58,11 @@ def _candidates(
     text: str, detectors: Iterable[Detector], window: Window | None = None
 ) -> list[_Cand]:
     """Validated candidates of `detectors` inside `window` (default: the whole text)."""
-    lo, hi, longest = window or (0, len(text), len(text))
+    lo, hi, longest = window or (0, len(text), LONG_TOKEN_RUN)
     region = text[lo:hi] if window else text
     out: list[_Cand] = []
     for det in detectors:
-        if longest < det.min_run:
+        if longest < det.min_run or (det.token and longest < LONG_TOKEN_RUN):
             continue
         if det.gate:
             for g in det.gate:  # a plain loop: no generator per detector (this runs per line)

@@ -1,7 +1,7 @@
-"""Detector gates (`Detector.gate`: one of these substrings must occur in the region) are an
-optimisation only: scanning with them equals scanning without. The month, weekday and name-cue
-gates are substrings of every match of their detector's patterns (the others are context that
-the validators require)."""
+"""Detector gates (`Detector.gate`: one of these substrings must occur in the region;
+`Detector.token`: the window holds a long token) are an optimisation only: scanning with them
+equals scanning without. The month, weekday and name-cue gates are substrings of every match of
+their detector's patterns (the others are context that the validators require)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ SCAN = importlib.import_module("templates_audit.detectors.scan")
 
 
 def _ungated(dets: tuple[Detector, ...]) -> tuple[Detector, ...]:
-    return tuple(dataclasses.replace(d, gate=()) for d in dets)
+    return tuple(dataclasses.replace(d, gate=(), token=False) for d in dets)
 
 
 def _ungated_scan(text: str) -> tuple[list, object]:  # type: ignore[type-arg]

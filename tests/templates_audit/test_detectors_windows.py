@@ -26,6 +26,7 @@ FRAGMENTS = [
     "The current year is", "2026", "founded in", "claude-sonnet-4-20250514", "#ffffff",
     "localhost:8080", "The user's name is Alice.", "x" * 70, "word " * 15, "@x.io",
     "OS Version: Darwin", "24.6.0", "last updated on", "It is currently", "June",
+    "deadbeef-dead-beef-dead-beefdeadbeef", "call_ab12cd34ef56gh78", "0x3f2a9c1b7d4e5f60a1",
 ]  # fmt: skip
 SEPARATORS = [" ", "\n", ", ", ": ", "", "\n\n", " - "]
 
