@@ -8,8 +8,8 @@ year) from per-request/per-day ones without a second kind taxonomy.
 
 from __future__ import annotations
 
-from typing import NamedTuple
 from enum import StrEnum
+from typing import NamedTuple
 
 
 class Kind(StrEnum):

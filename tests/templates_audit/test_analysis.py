@@ -292,7 +292,7 @@ def test_shared_blocks_is_the_longest_equal_block_prefix(step_blocks: int,
         cut = rng.randrange(len(ref) + 1)
         ids = ref[:cut] + [rng.randrange(3) for _ in range(rng.randrange(0, 40))]
         limit = rng.randrange(len(ref) // bs + 1)
-        equal = next((i for i, (a, b) in enumerate(zip(ids, ref)) if a != b), min(len(ids), len(ref)))
+        equal = next((i for i, (a, b) in enumerate(zip(ids, ref, strict=False)) if a != b), min(len(ids), len(ref)))
         expected = 0
         while (expected < min(limit, len(ids) // bs)
                and ids[expected * bs:(expected + 1) * bs] == ref[expected * bs:(expected + 1) * bs]):
