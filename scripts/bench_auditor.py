@@ -12,6 +12,10 @@ timestamp near the top (``MIX``); every request has its own user turn
   the ``tokenizers`` library on the synthetic text, vocab 4,096), on fewer requests.
 * ``memory N``: in a fresh subprocess, audits N generated lines (parsed from JSON bytes, never
   stored) and prints peak RSS; the parent compares two sizes.
+* ``rag``: two RAG traces (``--rag`` requests each; :func:`rag_lines`; paragraphs of the real
+  system prompts in ``../shared`` when present, ``--rag-corpus``): retrieved paragraphs
+  between a fixed preamble and fixed rules, and retrieved paragraphs closing the system prompt;
+  in a fresh subprocess each: requests/s, templates, findings, hit rates, peak RSS.
 * ``by kind``: in a fresh subprocess (the module-level line caches empty, as in a CLI run;
   in this process they are warm from the throughput run), parsing cost per request, then the
   audit cost per request by template kind (records in memory), so a change can be attributed.
@@ -180,6 +184,55 @@ def memory_child(n: int, templates: int, user: str = "numbers") -> None:
                       "templates": report.summary.templates, "findings": len(report.findings)}))
 
 
+SHARED_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "system_prompts"
+
+
+def rag_corpus(rng: random.Random, corpus: Path | None) -> list[str]:
+    """Paragraphs to retrieve: those of 200-1,500 characters of the real system prompts under
+    ``corpus`` (multi-line prose, lists, code), else 400 synthetic one-line paragraphs."""
+    if corpus is not None and corpus.is_dir():
+        paras = [para for f in sorted(corpus.glob("*/*.txt"))
+                 for para in f.read_text(encoding="utf-8").split("\n\n") if 200 < len(para) < 1500]
+        if paras:
+            return paras
+    return [synthetic_text(rng, rng.randrange(30, 90), line_words=100) for _ in range(400)]
+
+
+def rag_lines(n: int, rules: bool, corpus: Path | None = None, seed: int = 3) -> Iterator[bytes]:
+    """A RAG trace: one fixed two-line preamble, 2-5 retrieved paragraphs (:func:`rag_corpus`)
+    after ``Context:``, then 20 fixed rules (``rules``) or nothing."""
+    rng = random.Random(seed)
+    corpus_paras = rag_corpus(rng, corpus)
+    head = ("You are ACME's retrieval assistant. Answer only from the context below.\n"
+            "Cite the passage you used; say so when the context does not hold the answer.\n")
+    tail = "\n\nRules:\n" + "\n".join(
+        f"Rule {k}: be polite, cite the passage and never guess about {TOPICS[k % 7]}."
+        for k in range(20)) if rules else ""
+    for i in range(n):
+        docs = "\n\n".join(rng.sample(corpus_paras, rng.randrange(2, 6)))
+        body = {"model": "m", "messages": [
+            {"role": "system", "content": f"{head}\nContext:\n{docs}{tail}"},
+            {"role": "user", "content": user_turn(i, rng, "numbers")},
+        ]}
+        yield json.dumps(body).encode() + b"\n"
+
+
+def rag_child(n: int, rules: bool, corpus: Path | None) -> None:
+    auditor = Auditor(cache_blocks=DEFAULT_CACHE_BLOCKS)
+    records = [parse_record(raw[:-1], "rag", i + 1)
+               for i, raw in enumerate(rag_lines(n, rules, corpus))]
+    start = time.process_time()
+    auditor.add_all(records)
+    report = auditor.report()
+    secs = time.process_time() - start
+    s = report.summary
+    print(json.dumps({"requests": s.requests, "requests_per_s": s.requests / secs,
+                      "peak_rss_mib": peak_rss_kib() / 1024, "templates": s.templates,
+                      "findings": len(report.findings), "observed": s.observed_hit_rate,
+                      "achievable": s.achievable_hit_rate,
+                      "tokens": s.prompt_tokens / max(s.requests, 1)}))
+
+
 def _child(flag: str, n: int, args: argparse.Namespace) -> str:
     """Stdout of this script run in a fresh process with ``flag n`` and the same trace options."""
     return subprocess.run([sys.executable, __file__, flag, str(n), "--templates",
@@ -199,11 +252,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="requests for the lazy-vs-exact replay comparison")
     p.add_argument("--by-kind", type=int, default=20000,
                    help="requests for the per-template-kind cost breakdown (0: skip)")
+    p.add_argument("--rag", type=int, default=2000,
+                   help="requests of each RAG trace (retrieved paragraphs; 0: skip)")
+    p.add_argument("--rag-corpus", type=Path, default=SHARED_PROMPTS,
+                   help="system prompts whose paragraphs are retrieved (synthetic text if absent)")
+    p.add_argument("--rag-child", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--rag-rules", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--by-kind-child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory_child:
         memory_child(args.memory_child, args.templates, args.user_turns)
+        return 0
+    if args.rag_child:
+        rag_child(args.rag_child, bool(args.rag_rules), args.rag_corpus)
         return 0
     if args.by_kind_child:
         parse_us, kinds = by_kind(args.by_kind_child, args.templates, args.user_turns)
@@ -236,6 +298,17 @@ def main(argv: list[str] | None = None) -> int:
     lo, la, eo, ea = lazy_vs_exact(args.compare, args.templates, args.user_turns)
     print(f"bounded pool, {args.compare:,} requests: lazy head refresh observed {lo:.5f} / "
           f"achievable {la:.5f}; every block inserted {eo:.5f} / {ea:.5f}")
+    for rules in (1, 0) if args.rag else ():
+        out = subprocess.run([sys.executable, __file__, "--rag-child", str(args.rag),
+                              "--rag-rules", str(rules), "--rag-corpus", str(args.rag_corpus)],
+                             capture_output=True, text=True, check=True).stdout
+        r = json.loads(out)
+        where = "rules after the documents" if rules else "documents last"
+        print(f"RAG, {where}: {r['requests']:,} requests (~{r['tokens']:,.0f} tokens each) at "
+              f"{r['requests_per_s']:,.0f} requests/s (in memory, fresh process), "
+              f"{r['templates']:,} templates, {r['findings']} findings, hit rate observed "
+              f"{r['observed']:.3f} / achievable {r['achievable']:.3f}, peak RSS "
+              f"{r['peak_rss_mib']:,.0f} MiB")
     for n in args.memory:
         stats = json.loads(_child("--memory-child", n, args))
         print(f"memory: {stats['requests']:,} requests -> peak RSS {stats['peak_rss_mib']:,.0f} MiB "

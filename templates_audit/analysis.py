@@ -165,6 +165,7 @@ class Auditor:
                 entry = None  # the tail's first token merged across the boundary differently
         if tpl is None:
             tpl = self._template(record, prompt, static_ids, offsets, key, found)
+        new = entry is None
         if entry is None:
             entry = self._static_entry(tpl, static_text, static_ids, key, lines, same_from,
                                        same_to)
@@ -173,6 +174,8 @@ class Auditor:
         self.prompt_tokens += len(static_ids) + len(tail_ids)
         if entry.spans:
             tpl.observe(entry.spans, static_text)
+            if new:
+                entry.ach_ids, entry.ach_shared = self._varying_tail(tpl, static_text, entry.spans)
         self._feed_caches(tpl, entry, tail_ids)
 
     def _static_entry(self, tpl: TemplateState, text: str, ids: list[int], key: int,
@@ -203,6 +206,27 @@ class Auditor:
         if len(self._static_lru) > STATIC_CACHE:
             self._static_lru.popitem(last=False)
         return entry
+
+    def _varying_tail(self, tpl: TemplateState, text: str, spans: list[Span]
+                      ) -> tuple[list[int] | None, int]:
+        """(own tokens, reference tokens before them) for the achievable prompt of a static part
+        whose last span (as merged in the template) has less than a block of static tokens after
+        it in the reference (call after ``observe``):
+        moving that span gains nothing, so the achievable prompt keeps this part's own text
+        from the span's line on (retrieved documents at the end of a system prompt stay
+        uncacheable). ``(None, 0)``: the reference's static tokens stand for this part's."""
+        ref = tpl.static_text
+        block = next((st for st in tpl.spans if st.ref_start <= spans[-1].ref_start < st.ref_end
+                      or st.ref_start == spans[-1].ref_start), None)
+        if block is None or (len(tpl.static_ids) - tpl.token_at(block.ref_end) >= self.block_size
+                             and block.ref_end < len(ref)):
+            return None, 0
+        # The request's first span inside that (merged) span of the template starts the tail.
+        first = next(sp for sp in spans if sp.ref_end >= block.ref_start)
+        start = ref.rfind("\n", 0, min(first.ref_start, len(ref))) + 1
+        shared = tpl.token_at(start) if start < len(ref) else len(tpl.static_ids)
+        own = text[text.rfind("\n", 0, first.start) + 1:]
+        return self.tokenizer.encode(own), shared
 
     def add_all(self, items: Iterable[Record | BadLine]) -> None:
         for item in items:
@@ -276,7 +300,13 @@ class Auditor:
         k = len(head)
         # Achievable: the reference's static tokens, then this request's own tail.
         ach_tail = _chain(head, ref_ids[k * bs:] + tail_ids, bs)
-        self.achievable.serve(tpl.ach_head, k, ach_tail, len(ref_ids) + len(tail_ids))
+        if entry.ach_ids is None:
+            self.achievable.serve(tpl.ach_head, k, ach_tail, len(ref_ids) + len(tail_ids))
+        else:  # varies up to its end: the reference's head, then its own static tokens
+            n = entry.ach_shared
+            ka = min(k, n // bs)
+            ids = ref_ids[ka * bs:n] + entry.ach_ids + tail_ids
+            self.achievable.serve(tpl.ach_head, ka, _chain(head[:ka], ids, bs), ka * bs + len(ids))
         # Observed: this static part's own blocks (shared by its repeats), then the tail.
         num_tokens = len(entry.ids) + len(tail_ids)
         if entry.head is tpl.head:
@@ -296,7 +326,10 @@ class Auditor:
             tf.sort(key=lambda f: f.first_token)
             findings.extend(tf)
             static_tokens = len(tpl.static_ids)
-            shared = min((f.first_token for f in tf), default=static_tokens)
+            # Where the prefix shared by all its requests ends: the first varying span, a
+            # finding or not (a varying end costs nothing but is still not shared).
+            shared = min((tpl.token_at(st.ref_start) for st in tpl.spans if st.differed),
+                         default=static_tokens)
             templates.append(Template(tpl.id, tpl.requests, shared, static_tokens,
                                       _example_prefix(tpl), tpl.reference))
         templates.sort(key=lambda t: (-t.requests, t.id))

@@ -12,10 +12,16 @@ Algorithm (per request whose static part differs from the reference's):
    words and to any detector match (``scan``) it touches, runs separated only by punctuation or
    space are merged, and each span's kind comes from ``classify(before, value, after)``. A pair
    that differs only in whitespace is one ``whitespace`` span.
+4. Rewritten text is one span, not a confetti of word diffs: a line pair whose word diff has
+   :data:`PROSE_RUNS` or more runs of plain words (no detected value), or such runs of
+   :data:`PROSE_WORDS` words or more in all, is one span over its changed middle; a cluster with two
+   or more such lines (retrieved documents, a per-user paragraph) is one multi-line span.
+   Replace/insert/delete runs that only blank lines separate are one run (paragraphs).
 
 Invariant: ``ref[s.ref_start:s.ref_end]`` and ``req[s.start:s.end]`` are the two values of span
 ``s``; spans are sorted and non-overlapping. Cost: O(lines) when line counts agree, plus
-O(words^2) per differing line (lines are short); difflib only when lines were inserted/removed.
+O(words^2) per differing line of fewer than 200 words (near-linear beyond: difflib's autojunk);
+difflib on lines only when lines were inserted/removed.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import difflib
 import functools
 import itertools
 import re
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from templates_audit.detectors import Kind, Match, classify, scan
@@ -31,9 +38,13 @@ from templates_audit.detectors import Kind, Match, classify, scan
 __all__ = ["Span", "changed_lines", "changed_range", "common_prefix", "common_suffix",
            "diff_spans", "line_matches", "line_spans"]
 
-_WORDS = re.compile(r"\w+|\s+|[^\w\s]")
+_WORDS = re.compile(r"\w+|[^\w\s]")  # words and punctuation; spaces stay between them
 _JOINERS = frozenset("-_:.@+#'")  # characters that glue one value together ("2024-05-20", "a.b@c")
 _SPACE = re.compile(r"\s")  # matches exactly the characters for which str.isspace() is true
+PROSE_RUNS = 3  # word-diff runs of plain words that make a line pair "rewritten"
+PROSE_WORDS = 8  # ... or that many plain words changed in all (a value is a few words)
+_PLAIN = re.compile(r"\w+")
+MAX_DIFF_WORDS = 4000  # longer changed middles are not word-diffed
 
 
 class Span(NamedTuple):
@@ -45,7 +56,7 @@ class Span(NamedTuple):
     start: int
     end: int
     kind: str
-    multi_line: bool = False
+    multi_line: bool = False  # a block of text, not a value: lines inserted/removed/rewritten
 
 
 def _line_starts(lines: list[str]) -> list[int]:
@@ -98,14 +109,12 @@ def _diff_lines(ref: str, req: str) -> list[Span]:
     b0 = _line_starts(b)
     out: list[Span] = []
     if len(a) == len(b):
-        _aligned(a, b, a0, b0, 0, 0, len(a), out)
+        _aligned(ref, req, a, b, a0, b0, 0, 0, len(a), out)
         return out
     sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
-    for tag, i1, i2, j1, j2 in sm.get_opcodes():
-        if tag == "equal":
-            continue
-        if tag == "replace" and i2 - i1 == j2 - j1:
-            _aligned(a, b, a0, b0, i1, j1, i2 - i1, out)
+    for i1, i2, j1, j2 in _runs(sm.get_opcodes(), a):
+        if i2 - i1 == j2 - j1:
+            _aligned(ref, req, a, b, a0, b0, i1, j1, i2 - i1, out)
             continue
         rs = a0[i1] if i1 < len(a) else len(ref)
         re_ = (a0[i2 - 1] + len(a[i2 - 1])) if i2 > i1 else rs
@@ -119,6 +128,23 @@ def _diff_lines(ref: str, req: str) -> list[Span]:
     return out
 
 
+def _runs(opcodes: Sequence[tuple[str, int, int, int, int]], a: list[str]
+          ) -> list[tuple[int, int, int, int]]:
+    """The non-equal opcodes' ranges, with runs that only blank lines separate joined."""
+    out: list[list[int]] = []
+    gap_blank = False
+    for tag, i1, i2, j1, j2 in opcodes:
+        if tag == "equal":
+            gap_blank = all(not line.strip() for line in a[i1:i2])
+            continue
+        if out and gap_blank:
+            out[-1][1], out[-1][3] = i2, j2
+        else:
+            out.append([i1, i2, j1, j2])
+        gap_blank = False
+    return [(r[0], r[1], r[2], r[3]) for r in out]
+
+
 def _block_kind(before: str, value: str, after: str) -> str:
     # classify() already recognises a value that is a credential; a credential *inside* an
     # injected multi-line block needs a scan of the block.
@@ -127,7 +153,7 @@ def _block_kind(before: str, value: str, after: str) -> str:
     return str(classify(before[-96:], value, after[:96]))
 
 
-def _aligned(a: list[str], b: list[str], a0: list[int], b0: list[int],
+def _aligned(ref: str, req: str, a: list[str], b: list[str], a0: list[int], b0: list[int],
              i: int, j: int, n: int, out: list[Span]) -> None:
     diff = [k for k in range(n) if a[i + k] != b[j + k]]
     clusters: list[list[int]] = []
@@ -144,10 +170,20 @@ def _aligned(a: list[str], b: list[str], a0: list[int], b0: list[int],
                             qs, b0[j + hi - 1] + len(b[j + hi - 1]),
                             Kind.REORDERED_BLOCK.value, multi_line=True))
             continue
+        spans = []
         for k in cl:
             ra, qb = a0[i + k], b0[j + k]
             for s in line_spans(a[i + k], b[j + k]):
-                out.append(Span(ra + s.ref_start, ra + s.ref_end, qb + s.start, qb + s.end, s.kind))
+                spans.append(Span(ra + s.ref_start, ra + s.ref_end, qb + s.start, qb + s.end,
+                                  s.kind, s.multi_line))
+        if sum(s.multi_line for s in spans) >= 2:  # rewritten paragraphs: one block
+            rs, re_ = spans[0].ref_start, spans[-1].ref_end
+            qs, qe = spans[0].start, spans[-1].end
+            kind = (_block_kind(req[:qs], req[qs:qe], req[qe:]) if qe > qs
+                    else _block_kind(ref[:rs], ref[rs:re_], ref[re_:]))
+            out.append(Span(rs, re_, qs, qe, kind, multi_line=True))
+        else:
+            out.extend(spans)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -200,8 +236,11 @@ def line_spans(a: str, b: str) -> tuple[Span, ...]:
         return _spans(a, b, runs)
     ta = [m.span() for m in _WORDS.finditer(a, p, end_a)]
     tb = [m.span() for m in _WORDS.finditer(b, p, end_b)]
-    sm = difflib.SequenceMatcher(None, [a[x:y] for x, y in ta], [b[x:y] for x, y in tb],
-                                 autojunk=False)
+    if max(len(ta), len(tb)) > MAX_DIFF_WORDS:
+        return _rewritten(a, b, [[*_widen(a, p, end_a), *_widen(b, p, end_b)]])
+    # autojunk: from 200 words on, frequent words do not anchor matches (they still extend
+    # them), which keeps long lines near-linear; shorter lines get the exact diff.
+    sm = difflib.SequenceMatcher(None, [a[x:y] for x, y in ta], [b[x:y] for x, y in tb])
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag == "equal":
             continue
@@ -210,7 +249,24 @@ def line_spans(a: str, b: str) -> tuple[Span, ...]:
         sa, ea = _widen(a, *ra)
         sb, eb = _widen(b, *rb)
         runs.append([sa, ea, sb, eb])
-    return _spans(a, b, runs)
+    spans = _spans(a, b, runs)
+    prose = [sp for sp in spans if sp.kind == _OTHER]
+    if len(prose) >= PROSE_RUNS or max(
+            sum(len(_PLAIN.findall(a, sp.ref_start, sp.ref_end)) for sp in prose),
+            sum(len(_PLAIN.findall(b, sp.start, sp.end)) for sp in prose)) >= PROSE_WORDS:
+        return _rewritten(a, b, runs)
+    return spans
+
+
+_OTHER = Kind.OTHER.value
+
+
+def _rewritten(a: str, b: str, runs: list[list[int]]) -> tuple[Span, ...]:
+    """One span over every run: the line was rewritten, not a value changed."""
+    sa, ea = min(r[0] for r in runs), max(r[1] for r in runs)
+    sb, eb = min(r[2] for r in runs), max(r[3] for r in runs)
+    text, vs, ve = (b, sb, eb) if eb > sb else (a, sa, ea)
+    return (Span(sa, ea, sb, eb, _block_kind(text[:vs], text[vs:ve], text[ve:]), multi_line=True),)
 
 
 def _spans(a: str, b: str, runs: list[list[int]]) -> tuple[Span, ...]:

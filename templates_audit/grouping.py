@@ -20,7 +20,12 @@ Three lookups, cheapest first:
      templates of the same model: equal but for one middle run of at most :data:`MAX_SHORT_DIFF`
      characters whose kind (``classify``) is a value (a name, a number...), not prose. So
      "You are talking to Alice." and "... to Bob." are one template, while "You are a helpful
-     assistant." and "You are a pirate." are two.
+     assistant." and "You are a pirate." are two;
+   * multi-line texts that fail the vote join a recent template whose reference begins with the
+     same :data:`HEAD_LINES` or more whole non-empty lines and ends with the same whole lines
+     (:data:`TAIL_CHARS` or more characters; :meth:`TemplateIndex._same_head`): a fixed preamble
+     and fixed instructions around an injected multi-line block (retrieved documents, a profile)
+     that shares too few lines with the reference to vote.
 
 Memory: the exact and masked maps are LRU-bounded (:data:`MAX_KEYS` each); the inverted index
 and short list grow with templates only. Cost: exact hit O(len); masked O(lines) with a per-line
@@ -38,11 +43,13 @@ import xxhash
 from templates_audit.detectors import Kind, classify
 from templates_audit.findings import changed_range, common_prefix, common_suffix, line_matches
 
-__all__ = ["GUESS_CHARS", "LINE_SIMILARITY", "TemplateIndex", "mask_line"]
+__all__ = ["GUESS_CHARS", "HEAD_LINES", "LINE_SIMILARITY", "TAIL_CHARS", "TemplateIndex", "mask_line"]
 
 GUESS_CHARS = 64
 GUESS_TEMPLATES = 4
 LINE_SIMILARITY = 0.6
+HEAD_LINES = 2
+TAIL_CHARS = 64
 MIN_LINES = 4
 MAX_POSTING = 32
 MAX_SHORT_DIFF = 64
@@ -171,7 +178,7 @@ class TemplateIndex:
             best = max(votes.items(), key=lambda kv: (kv[1], kv[0]), default=None)
             if best and best[1] >= LINE_SIMILARITY * max(len(distinct), self._nlines[best[0]]):
                 return best[0]
-            return None
+            return self._same_head(model, text)
         for tid, ref in self._short.get(model, ()):
             p = common_prefix(ref, text)
             s = common_suffix(ref, text, min(len(ref), len(text)) - p)
@@ -184,5 +191,23 @@ class TemplateIndex:
             while s > 0 and text[len(text) - s].isalnum():
                 s -= 1
             if self._value_like(text[:p], text[p:len(text) - s], text[len(text) - s:]):
+                return tid
+        return None
+
+    def _same_head(self, model: str, text: str) -> str | None:
+        """A recent template whose reference starts with the same :data:`HEAD_LINES` or more
+        whole non-empty lines (at least :data:`GUESS_CHARS` characters) and ends with the same
+        whole lines of :data:`TAIL_CHARS` or more characters: what lies between is an injected
+        multi-line block (retrieved documents, a user profile) that varies. Different prompts
+        of one vendor share a preamble but not their last lines, so they stay apart."""
+        for tid in self._guess.get((model, text[:GUESS_CHARS]), ()):
+            ref = self._refs[tid][0]
+            p = common_prefix(ref, text)
+            head = text[:text.rfind("\n", 0, p + 1) + 1]
+            if len(head) < GUESS_CHARS or sum(1 for ln in head.split("\n") if ln.strip()) < HEAD_LINES:
+                continue
+            s = common_suffix(ref, text, min(len(ref), len(text)) - len(head))
+            nl = text.find("\n", len(text) - s)
+            if nl >= 0 and len(text[nl:].strip()) >= TAIL_CHARS:
                 return tid
         return None

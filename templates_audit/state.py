@@ -2,8 +2,9 @@
 
 Bounded by construction: at most :data:`MAX_SPANS` spans per template, each with at most
 :data:`MAX_DISTINCT` value hashes (then ``capped``) and :data:`MAX_EXAMPLES` examples. Spans are
-keyed by their position in the template's reference prompt; a span that overlaps a known one is
-merged into it (the union of their ranges), so a value seen as ``May 3`` and ``May 13`` is one span.
+keyed by their position in the template's reference prompt; a span that overlaps a known one (or
+an insertion at its edge) is merged into it (the union of their ranges), so a value seen as ``May 3``
+and ``May 13`` is one span.
 Cost: O(spans of the template) per observed span — a handful.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import xxhash
@@ -52,7 +53,7 @@ class SpanStats:
                     self.examples.append(value)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class StaticPart:
     """One distinct static part: its tokens, its blocks (as a replay head) and its diff."""
 
@@ -60,6 +61,10 @@ class StaticPart:
     ids: list[int]
     head: Head
     spans: list[Span]
+    # Achievable prompt when the part varies up to its end (nothing worth moving after the
+    # last span): the reference's first `ach_shared` tokens, then `ach_ids`, this part's own.
+    ach_ids: list[int] | None = None
+    ach_shared: int = 0
 
 
 @dataclass
@@ -99,20 +104,43 @@ class TemplateState:
             return Role.TOOLS
         return Role.TEMPLATE
 
-    def observe(self, spans: Iterable[Span], text: str) -> None:
+    def observe(self, spans: Sequence[Span], text: str) -> None:
+        """Accumulate one request's spans. Spans of one request that land in one span of the
+        template (the paragraphs of one block) count as one request and one value (joined)."""
+        if len(spans) == 1:  # the common case: one value changed
+            sp = spans[0]
+            one = self.stats_for(sp)
+            if one is not None:
+                one.kinds[sp.kind] += 1
+                one.differed += 1
+                one.multi_line |= sp.multi_line
+                one.add_value(text[sp.start:sp.end])
+            return
+        seen: list[SpanStats] = []
+        values: list[list[str]] = []
         for sp in spans:
             stats = self.stats_for(sp)
             if stats is None:
                 continue
             stats.kinds[sp.kind] += 1
-            stats.differed += 1
             stats.multi_line |= sp.multi_line
-            stats.add_value(text[sp.start:sp.end])
+            for st, vals in zip(seen, values, strict=True):
+                if st is stats:
+                    vals.append(text[sp.start:sp.end])
+                    break
+            else:
+                seen.append(stats)
+                values.append([text[sp.start:sp.end]])
+        for st, vals in zip(seen, values, strict=True):
+            st.differed += 1
+            st.add_value(vals[0] if len(vals) == 1 else " … ".join(vals))
 
     def stats_for(self, sp: Span) -> SpanStats | None:
         for st in self.spans:
             if (st.ref_start < sp.ref_end and sp.ref_start < st.ref_end) or (
-                st.ref_start == sp.ref_start and st.ref_end == sp.ref_end
+                # an insertion (empty range) meets any span at or around its position
+                (sp.ref_start == sp.ref_end or st.ref_start == st.ref_end)
+                and st.ref_start <= sp.ref_end and sp.ref_start <= st.ref_end
             ):
                 if sp.ref_start < st.ref_start or sp.ref_end > st.ref_end:
                     st.ref_start = min(st.ref_start, sp.ref_start)

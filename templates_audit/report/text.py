@@ -87,7 +87,10 @@ def render(report: Report, *, color: bool = False, max_templates: int = 50) -> s
         )
         out.append(f"  {st(_DIM, _visible(t.example_prefix[:100]))}")
         found = by_template.get(t.id, [])
-        if not found:
+        if not found and t.shared_prefix_tokens < t.static_tokens:
+            out.append(f"  no findings: the static part varies from token {t.shared_prefix_tokens:,} "
+                       "on, too close to its end for a move to gain a KV block")
+        elif not found:
             out.append("  no findings: the static part is identical across requests")
         for f in found:
             out.extend(_finding(f, st))

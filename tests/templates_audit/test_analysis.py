@@ -11,7 +11,7 @@ import pytest
 from templates_audit import state
 from templates_audit.analysis import Auditor, analyze
 from templates_audit.blocks import PrefixCache, block_hashes
-from templates_audit.findings import diff_spans
+from templates_audit.findings import Span, diff_spans
 from templates_audit.model import Report
 from templates_audit.render import ChatRenderer
 from templates_audit.replay import Head, Replay
@@ -113,6 +113,59 @@ def test_scenarios(name: str, make: Callable[[int], Record], templates: int,
     report = analyze(many(make))
     assert report.summary.templates == templates
     assert [(f.kind, f.role.value) for f in report.findings] == expected
+
+
+PARAGRAPHS = [
+    "Refunds are accepted within thirty days of delivery for every plan sold online.",
+    "Shipping inside the country takes five working days; express takes two.",
+    "Our support team answers e-mails within one business day, weekends excluded.",
+    "Warranty claims need the original receipt and the serial number of the device.",
+    "Gift cards never expire and can be used in every store and on the website.",
+    "Orders above fifty euros ship for free; smaller ones pay a flat fee.",
+]
+
+
+def retrieved(i: int, rules: bool = True) -> str:
+    """A RAG system prompt: a fixed preamble, three retrieved paragraphs, then fixed rules."""
+    docs = [PARAGRAPHS[(i * 5 + k * 7) % 6] for k in range(1 + i % 3)]
+    head = "You are ACME's assistant. Answer from the context below.\nCite the passage you use.\n"
+    return head + "\nContext:\n" + "\n\n".join(docs) + ("\n\nRules:\n" + BODY if rules else "")
+
+
+def test_retrieved_documents_are_one_block_finding() -> None:
+    report = analyze(many(lambda i: chat(retrieved(i), USERS[i % 4], i), 24))
+    assert report.summary.templates == 1
+    [f] = report.findings
+    [t] = report.templates
+    assert (f.kind, f.role.value) == ("other", "system")
+    assert t.shared_prefix_tokens == f.first_token < 40  # right after "Context:"
+    assert f.requests_affected <= 24 and f.distinct_values <= 24
+    # The rules after the documents are the cost: every full block of them.
+    assert t.static_tokens - f.first_token - 160 <= f.tokens_lost_per_request
+    assert report.summary.achievable_hit_rate > report.summary.observed_hit_rate + 0.15
+
+
+def test_a_varying_end_is_shared_prefix_but_no_gain() -> None:
+    # A completions prompt whose end varies: no finding, the shared prefix stops at the
+    # variation, and the achievable hit rate is the observed one (nothing to move).
+    report = analyze(many(lambda i: Record("t", i + 1, prompt=f"{BODY}\nQuestion: {USERS[i % 4]} {i}")))
+    [t] = report.templates
+    assert report.findings == ()
+    assert t.shared_prefix_tokens < t.static_tokens
+    assert report.summary.achievable_hit_rate == report.summary.observed_hit_rate
+
+
+def test_spans_of_one_request_in_one_block_count_once() -> None:
+    tpl = state.TemplateState(id="t", static_text="a b c d e f", static_ids=[], offsets=[0],
+                              head=Head([]), ach_head=Head([]), roles=(), tools_json="",
+                              is_chat=False)
+    tpl.observe([Span(0, 5, 0, 5, "other", True)], "x y z")
+    tpl.observe([Span(0, 1, 0, 1, "other", True), Span(2, 3, 2, 3, "other", True),
+                 Span(5, 5, 6, 7, "other", True)], "p q r s")
+    [st] = tpl.spans  # overlapping spans and an insertion at its edge: one span
+    assert st.differed == 2
+    assert len(st.values) == 3  # the reference's value and one per request
+    assert "p … q … s" in st.examples
 
 
 def test_finding_counts_cost_and_location() -> None:
@@ -235,6 +288,27 @@ SPANS = [
     ("a  b\nc", "a b\nc", [(" ", "", "whitespace")]),  # whitespace only
     ("head\nend", "head\nmail 1\nmail 2\nend", [("", "mail 1\nmail 2", "other")]),  # injected lines
     ("same\ntext", "same\ntext", []),  # identical: nothing
+    # a rewritten sentence is one span, not a word diff
+    ("Context: the cat sat on the mat and purred all day long\nend",
+     "Context: a dog ran in the park and barked at every bird\nend",
+     [("the cat sat on the mat and purred all day long",
+       "a dog ran in the park and barked at every bird", "other")]),
+    # rewritten paragraphs (retrieved documents) are one block, with or without a new paragraph
+    ("Docs:\nRefunds take thirty days for every plan we sell online.\n\nShipping takes five "
+     "working days within the country.\nend",
+     "Docs:\nOur support team answers within one business day by email.\n\nWarranty claims "
+     "need the original receipt and the serial number.\nend",
+     [("Refunds take thirty days for every plan we sell online.\n\nShipping takes five working"
+       " days within the country", "Our support team answers within one business day by email."
+       "\n\nWarranty claims need the original receipt and the serial number", "other")]),
+    ("Docs:\nRefunds take thirty days for every plan we sell online.\n\nShipping takes five "
+     "working days within the country.\nend",
+     "Docs:\nOur support team answers within one business day by email.\n\nWarranty claims "
+     "need the original receipt.\n\nGift cards never expire and work in any store.\nend",
+     [("Refunds take thirty days for every plan we sell online.\n\nShipping takes five working"
+       " days within the country.", "Our support team answers within one business day by email."
+       "\n\nWarranty claims need the original receipt.\n\nGift cards never expire and work in "
+       "any store.", "other")]),
 ]
 
 

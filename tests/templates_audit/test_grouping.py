@@ -101,3 +101,23 @@ def test_find_near_defers_to_find_once_the_masked_key_is_forgotten(monkeypatch) 
         changed = ref.replace("2025-05-20", "2025-06-01")
         near = index.find_near("m", changed, index.lookup_exact("m", changed)[1])
         assert (near is None) == (t == 0)  # t0's masked key left the LRU map
+
+
+def test_a_fixed_preamble_and_end_around_a_varying_block_is_one_template() -> None:
+    head = "<|im_start|>system\nYou are ACME's assistant, answer from the context below.\n"
+    rules = "\n".join(f"Rule {i}: be polite, cite the passage and never guess." for i in range(5))
+    docs = ["\n".join(f"Paragraph {k} about {w} and its many details." for k in range(n))
+            for n, w in ((3, "refunds"), (9, "shipping"), (5, "warranty"))]
+    idx = TemplateIndex()
+    ref = head + "Context:\n" + docs[0] + "\nRules:\n" + rules + "\n"
+    idx.add("t0", "m", ref, 0)
+    for i, d in enumerate(docs[1:], 1):
+        text = head + "Context:\n" + d + "\nRules:\n" + rules + "\n"
+        assert idx.find("m", text, i)[0] == "t0"
+    # The same preamble before a different prompt (another product of one vendor): apart.
+    other = head + "\n".join(f"Step {k}: do something else entirely, in order." for k in range(12)) + "\n"
+    assert idx.find("m", other, 9)[0] is None
+    # Same preamble and end, but the preamble is a single line: apart.
+    one_line = "You are ACME's assistant, answer from the context below and nothing else.\n"
+    idx.add("t1", "m", one_line + docs[0] + "\nRules:\n" + rules + "\n", 10)
+    assert idx.find("m", one_line + docs[1] + "\nRules:\n" + rules + "\n", 11)[0] is None

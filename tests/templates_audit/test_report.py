@@ -119,3 +119,12 @@ def test_markdown_caps_long_tables() -> None:
     many = Report(SUMMARY, (TEMPLATE,), tuple([DATE] * 60), ())
     out = markdown.render(many, max_rows=50)
     assert out.count("| tpl-1 | **date**") == 50 and "10 more findings" in out
+
+
+@pytest.mark.parametrize(("shared", "said"), [
+    (1007, "no findings: the static part is identical across requests"),
+    (900, "no findings: the static part varies from token 900 on, too close to its end"),
+])
+def test_text_says_why_a_template_has_no_findings(shared: int, said: str) -> None:
+    tpl = Template("tpl-1", 120, shared, 1007, "You are helpful.", "t:1")
+    assert said in text.render(Report(SUMMARY, (tpl,), (), ()), color=False)
