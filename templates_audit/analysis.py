@@ -11,6 +11,8 @@ Per request (:meth:`Auditor.add`):
 3. diff the static part against the reference (:func:`.findings.diff_spans`) and accumulate each
    span by its position in the reference: kinds seen, distinct values (hashes, capped), a few
    examples;
+   with two or more history turns, check them against the template's first history for
+   few-shot examples shuffled per request (:mod:`.history`);
 4. feed two one-replica prefix caches (:class:`~templates_audit.blocks.PrefixCache`, trace
    order; unbounded by default, the CLI bounds them to :data:`DEFAULT_CACHE_BLOCKS`): *observed* with the request's own tokens, *achievable* with the reference's static
    tokens followed by the request's own remainder — the request as it would be if its volatile
@@ -34,6 +36,7 @@ import datetime as dt
 import functools
 from collections import OrderedDict
 from collections.abc import Iterable
+from typing import Any
 
 from templates_audit.blocks import (
     NONE_HASH,
@@ -44,8 +47,9 @@ from templates_audit.blocks import (
 )
 from templates_audit.findings import Span, changed_range, diff_spans
 from templates_audit.grouping import TemplateIndex
+from templates_audit.history import MIN_TURNS, HistoryState, history_key
 from templates_audit.model import BadLine, Finding, Report, Role, Summary, Template
-from templates_audit.prompts import Prompt, PromptBuilder, prepare
+from templates_audit.prompts import Prompt, PromptBuilder, prepare, static_index
 from templates_audit.render import ChatRenderer, TemplateError
 from templates_audit.replay import Head, Replay
 from templates_audit.state import SpanStats, StaticPart, TemplateState
@@ -176,7 +180,31 @@ class Auditor:
             tpl.observe(entry.spans, static_text)
             if new:
                 entry.ach_ids, entry.ach_shared = self._varying_tail(tpl, static_text, entry.spans)
-        self._feed_caches(tpl, entry, tail_ids)
+        ach_tail_ids = tail_ids
+        if record.messages is not None and len(record.messages) > MIN_TURNS:
+            ach_tail_ids = self._history(tpl, record.messages, prompt, tail_ids)
+        self._feed_caches(tpl, entry, tail_ids, ach_tail_ids)
+
+    def _history(self, tpl: TemplateState, messages: list[dict[str, Any]], prompt: Prompt,
+                 tail_ids: list[int]) -> list[int]:
+        """Account the request's history turns (:mod:`.history`); the tokens after its static
+        part for the achievable replay: with shuffled examples, the reference order instead."""
+        k = static_index(messages)
+        key = history_key(messages, k)
+        if key is None:
+            return tail_ids
+        hs = tpl.history
+        if hs is None:
+            hs = HistoryState.start(key, prompt.text, prompt.static_end, messages, k)
+            if hs is not None:
+                hs.ids = self.tokenizer.encode(hs.lead + hs.text)
+                hs.lead_tokens = len(self.tokenizer.encode(hs.lead))
+                tpl.history = hs
+            return tail_ids
+        end = hs.observe(key, prompt.text, prompt.static_end, messages, k)
+        if end is None:
+            return tail_ids
+        return hs.ids + self.tokenizer.encode(prompt.text[end:])
 
     def _static_entry(self, tpl: TemplateState, text: str, ids: list[int], key: int,
                       lines: tuple[int, int] | None = None,
@@ -294,22 +322,27 @@ class Auditor:
                 stats.role = Role.TEMPLATE
 
     # -- caches -------------------------------------------------------------------------------
-    def _feed_caches(self, tpl: TemplateState, entry: StaticPart, tail_ids: list[int]) -> None:
+    def _feed_caches(self, tpl: TemplateState, entry: StaticPart, tail_ids: list[int],
+                     ach_tail_ids: list[int]) -> None:
+        """``ach_tail_ids``: the tokens after the static part in the achievable prompt —
+        ``tail_ids`` unless shuffled few-shot turns are put in the reference order."""
         bs = self.block_size
         ref_ids, head = tpl.static_ids, tpl.head.hashes
         k = len(head)
         # Achievable: the reference's static tokens, then this request's own tail.
-        ach_tail = _chain(head, ref_ids[k * bs:] + tail_ids, bs)
+        ach_tail = _chain(head, ref_ids[k * bs:] + ach_tail_ids, bs)
         if entry.ach_ids is None:
-            self.achievable.serve(tpl.ach_head, k, ach_tail, len(ref_ids) + len(tail_ids))
+            self.achievable.serve(tpl.ach_head, k, ach_tail, len(ref_ids) + len(ach_tail_ids))
         else:  # varies up to its end: the reference's head, then its own static tokens
             n = entry.ach_shared
             ka = min(k, n // bs)
-            ids = ref_ids[ka * bs:n] + entry.ach_ids + tail_ids
+            ids = ref_ids[ka * bs:n] + entry.ach_ids + ach_tail_ids
             self.achievable.serve(tpl.ach_head, ka, _chain(head[:ka], ids, bs), ka * bs + len(ids))
         # Observed: this static part's own blocks (shared by its repeats), then the tail.
         num_tokens = len(entry.ids) + len(tail_ids)
         if entry.head is tpl.head:
+            if ach_tail_ids is not tail_ids:
+                ach_tail = _chain(head, ref_ids[k * bs:] + tail_ids, bs)
             self.observed.serve(tpl.head, k, ach_tail, num_tokens)
             return
         hashes = entry.head.hashes
@@ -323,6 +356,8 @@ class Auditor:
         templates: list[Template] = []
         for tpl in self.templates.values():
             tf = [f for st in tpl.spans if (f := self._finding(tpl, st)) is not None]
+            if tpl.history is not None and tpl.history.reordered:
+                tf.append(self._history_finding(tpl, tpl.history))
             tf.sort(key=lambda f: f.first_token)
             findings.extend(tf)
             static_tokens = len(tpl.static_ids)
@@ -382,6 +417,26 @@ class Auditor:
             distinct_values_capped=st.capped,
             char_start=st.ref_start,
             char_end=st.ref_end,
+        )
+
+
+    def _history_finding(self, tpl: TemplateState, hs: HistoryState) -> Finding:
+        bs = self.block_size
+        first = len(tpl.static_ids) + hs.lead_tokens
+        end = len(tpl.static_ids) + len(hs.ids)
+        lost = max(0, end // bs - first // bs) * bs
+        role = Role.ASSISTANT if hs.role == "assistant" else Role.USER
+        before = (tpl.static_text + hs.lead)[-CONTEXT_CHARS:]
+        kind = "reordered_block"
+        examples = tuple(redact(v, kind) if self.redact_values else v for v in hs.examples)
+        start = len(tpl.static_text) + len(hs.lead)
+        return Finding(
+            template=tpl.id, kind=kind, role=role, first_token=first, block=first // bs,
+            requests_affected=hs.requests, distinct_values=len(hs.orders), examples=examples,
+            tokens_lost_per_request=float(lost),
+            suggestion=suggestion(kind, role, "", lost),
+            before=before, after="", distinct_values_capped=hs.capped,
+            char_start=start, char_end=start + len(hs.text),
         )
 
 

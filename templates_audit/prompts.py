@@ -4,7 +4,8 @@ The **static part** is what every request of a template should share: the render
 the start of the first conversational message (the first message that is not ``system`` or
 ``developer``; when all are, the last one). It holds the system/developer messages, the tools
 and whatever the chat template injects around them. Everything after it — the user's turn,
-history, the last message — is expected to vary and is never a finding. A completions prompt is
+history, the last message — is expected to vary and is never diffed (few-shot example turns
+shuffled per request are found apart, by :mod:`.history`). A completions prompt is
 static as a whole; its varying tail is excluded later (nothing static follows it).
 
 Locating the boundary: the first conversational message's content is searched in the rendered
@@ -30,7 +31,7 @@ from templates_audit.model import Role
 from templates_audit.render import DEFAULT_CHAT_TEMPLATE, ChatRenderer
 from templates_audit.traces import Record
 
-__all__ = ["STATIC_ROLES", "Prompt", "PromptBuilder", "prepare"]
+__all__ = ["STATIC_ROLES", "Prompt", "PromptBuilder", "prepare", "static_index"]
 
 STATIC_ROLES = frozenset({"system", "developer"})
 _SENTINEL = "\ue000\ue001prefix-audit\ue001\ue000"
@@ -55,7 +56,7 @@ class Prompt:
         return self.text[: self.static_end]
 
 
-def _static_index(messages: list[dict[str, Any]]) -> int:
+def static_index(messages: list[dict[str, Any]]) -> int:
     """Index of the first conversational message (the last message when all are static)."""
     for i, m in enumerate(messages):
         if m.get("role") not in STATIC_ROLES:
@@ -78,7 +79,7 @@ def prepare(record: Record, renderer: ChatRenderer) -> Prompt:
         return Prompt(prompt, len(prompt), ((0, len(prompt), Role.PROMPT),), is_chat=False)
     messages = record.messages
     text = renderer.render(messages, tools=record.tools)
-    k = _static_index(messages)
+    k = static_index(messages)
     roles: list[tuple[int, int, Role]] = []
     cursor = 0
     for m in messages[:k]:
@@ -181,7 +182,7 @@ class PromptBuilder:
     def _splice(self, skel: tuple[list[str], list[int]], record: Record) -> Prompt:
         parts, order = skel
         msgs = record.messages or []
-        k = _static_index(msgs)
+        k = static_index(msgs)
         out: list[str] = []
         roles: list[tuple[int, int, Role]] = []
         pos = 0

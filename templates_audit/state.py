@@ -19,6 +19,7 @@ import xxhash
 
 from templates_audit.blocks import block_token_hashes
 from templates_audit.findings import Span
+from templates_audit.history import HistoryState
 from templates_audit.model import Role
 from templates_audit.replay import Head
 
@@ -82,6 +83,7 @@ class TemplateState:
     requests: int = 0
     spans: list[SpanStats] = field(default_factory=list)
     overflow: int = 0  # spans dropped beyond MAX_SPANS
+    history: HistoryState | None = None  # few-shot turns (history.py), once seen
     _token_hashes: list[int] | None = None
 
     def token_hashes(self, block_size: int) -> list[int]:

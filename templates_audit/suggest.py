@@ -39,6 +39,9 @@ def suggestion(kind: str, role: Role, before: str, tokens_lost: float) -> str:
     if kind == "secret":
         return ("remove credentials from prompts — they leak into logs and caches; "
                 "pass them to tools server-side" + tail)
+    if kind == "reordered_block" and role in (Role.USER, Role.ASSISTANT):
+        return ("send the few-shot example turns in one fixed order (shuffle them once, not per "
+                "request)" + tail.replace("static tokens after it", "tokens of examples"))
     if kind == "reordered_block":
         return "sort the examples (or other repeated blocks) deterministically" + tail
     if kind == "whitespace":

@@ -50,6 +50,13 @@ def shuffled(i: int) -> str:
     return "Examples:\n" + "\n".join(order) + "\n" + BODY
 
 
+def shot_turns(i: int) -> list[dict[str, str]]:
+    """Three example question/answer pairs as chat turns, in the i-th order."""
+    pairs = [(q, a) for q, a in (shot.split("\n") for shot in SHOTS)]
+    order = list(itertools.permutations(pairs))[i % 6]
+    return [{"role": r, "content": c} for q, a in order for r, c in (("user", q), ("assistant", a))]
+
+
 SCENARIOS: list[tuple[str, Callable[[int], Record], int, list[tuple[str, str]]]] = [
     # (name, request i -> record, templates, [(kind, role) of findings in token order])
     # same system prompt, different user turns: one template, nothing to fix
@@ -96,6 +103,12 @@ SCENARIOS: list[tuple[str, Callable[[int], Record], int, list[tuple[str, str]]]]
     ("history", lambda i: chat("You are helpful.\n" + BODY, "next", i,
                                history=[{"role": "user", "content": f"q{i}"},
                                         {"role": "assistant", "content": f"a{i}"}]), 1, []),
+    # few-shot examples sent as chat turns, shuffled per request: a user-role finding
+    ("few-shot-turns", lambda i: chat("You are helpful.\n" + BODY, USERS[i % 4], i,
+                                      history=shot_turns(i)), 1, [("reordered_block", "user")]),
+    # the same example turns in a fixed order: nothing to fix
+    ("few-shot-fixed", lambda i: chat("You are helpful.\n" + BODY, USERS[i % 4], i,
+                                      history=shot_turns(0)), 1, []),
     # a completions prompt with a varying date in the middle
     ("prompt-date", lambda i: Record("t", i + 1, prompt=f"Date: 2024-05-{i + 1:02d}\n{BODY}\n"
                                                          f"Question: {USERS[i % 4]}"), 1,
@@ -153,6 +166,23 @@ def test_a_varying_end_is_shared_prefix_but_no_gain() -> None:
     assert report.findings == ()
     assert t.shared_prefix_tokens < t.static_tokens
     assert report.summary.achievable_hit_rate == report.summary.observed_hit_rate
+
+
+def test_shuffled_example_turns_finding_and_achievable_rate() -> None:
+    def make(order: Callable[[int], list[dict[str, str]]]) -> list[Record]:
+        return many(lambda i: chat("You are helpful.\n" + BODY, f"{USERS[i % 4]} {i}", i,
+                                   history=order(i)), 18)
+
+    shuffled = analyze(make(shot_turns))
+    [f] = shuffled.findings
+    assert (f.requests_affected, f.distinct_values) == (18, 6)
+    assert f.first_token == shuffled.templates[0].static_tokens  # right after the static part
+    assert f.tokens_lost_per_request > 0 and "fixed order" in f.suggestion
+    assert f.examples[0].startswith("Q: 2+2?")
+    # Achievable = the trace with every request's examples in the first request's order.
+    fixed = analyze(make(lambda i: shot_turns(0)))
+    assert shuffled.summary.achievable_hit_rate == fixed.summary.observed_hit_rate
+    assert shuffled.summary.observed_hit_rate < fixed.summary.observed_hit_rate
 
 
 def test_spans_of_one_request_in_one_block_count_once() -> None:

@@ -1,0 +1,122 @@
+"""Few-shot examples sent as chat turns, in a different order per request.
+
+A conversation's history (the messages between the static part and the last message) is
+expected to vary and is never diffed. One pattern is not a conversation, though: the same
+example turns (``user: 2+2?`` / ``assistant: 4`` / ...) sent with every request but shuffled, so
+the prefix cache stops at the first example. Real histories never repeat as a permutation of
+another request's, so the test is exact: a request whose history is the same multiset of
+(role, content) messages as its template's reference history, in another order, reorders it.
+
+Per template, :class:`HistoryState` keeps the first history of :data:`MIN_TURNS` or more
+messages it saw (the *history reference*: where it starts and ends in that request's prompt,
+its tokens) and counts the requests that carry the same turns, the orders seen and a few
+examples. :meth:`HistoryState.observe` returns, for a reordered request, where its history ends
+in its prompt, so the achievable replay can put the reference order there instead — the
+request as it would be if the examples were sorted.
+
+Cost: nothing for single-turn requests; one hash per history message otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+
+__all__ = ["MIN_TURNS", "HistoryState", "history_key"]
+
+MIN_TURNS = 2
+MAX_ORDERS = 4096
+MAX_EXAMPLES = 5
+
+
+def _h(text: str) -> int:
+    return xxhash.xxh3_64_intdigest(text.encode("utf-8", "surrogatepass"))
+
+
+def _content(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    return content if isinstance(content, str) else "" if content is None else repr(content)
+
+
+def history_key(messages: Sequence[dict[str, Any]], k: int) -> tuple[int, ...] | None:
+    """Hashes of the history messages ``messages[k:-1]`` (role and content), None when there
+    are fewer than :data:`MIN_TURNS`."""
+    if len(messages) - 1 - k < MIN_TURNS:
+        return None
+    return tuple(_h(f"{m.get('role')}\x00{_content(m)}") for m in messages[k:-1])
+
+
+def _span(text: str, start: int, messages: Sequence[dict[str, Any]], k: int
+          ) -> tuple[int, int] | None:
+    """(first history content, line start of the last message's content) in ``text``, found in
+    order from ``start``; None when a content is not in the rendered text verbatim."""
+    cursor = start
+    first = -1
+    for m in messages[k:-1]:
+        content = _content(m)
+        pos = text.find(content, cursor) if content else cursor
+        if pos < 0:
+            return None
+        first = pos if first < 0 else first
+        cursor = pos + len(content)
+    last = _content(messages[-1])
+    pos = text.find(last, cursor) if last else -1
+    if pos < 0:
+        return None
+    return first, text.rfind("\n", 0, pos) + 1
+
+
+@dataclass
+class HistoryState:
+    """One template's history reference and what its requests did with those turns."""
+
+    key: tuple[int, ...]
+    text: str  # the reference request's history, rendered: its first content to the last turn
+    role: str  # role of its first message
+    lead: str  # the rendered text between the reference's static part and ``text``
+    ids: list[int] = field(default_factory=list)  # tokens of ``lead + text``
+    lead_tokens: int = 0  # tokens of ``lead``
+    requests: int = 1  # requests carrying these turns, in any order
+    reordered: int = 0
+    orders: set[int] = field(default_factory=set)
+    capped: bool = False
+    examples: list[str] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, key: tuple[int, ...], text: str, static_end: int,
+              messages: Sequence[dict[str, Any]], k: int) -> HistoryState | None:
+        span = _span(text, static_end, messages, k)
+        if span is None or span[1] <= span[0]:
+            return None
+        st = cls(key, text[span[0]:span[1]], str(messages[k].get("role")), text[static_end:span[0]])
+        st.orders.add(_h(repr(key)))
+        st.examples.append(st.text)
+        return st
+
+    def observe(self, key: tuple[int, ...], text: str, static_end: int,
+                messages: Sequence[dict[str, Any]], k: int) -> int | None:
+        """Account one request's history; for a reordered one, where (characters) its history
+        ends in ``text`` if it could be located, else None."""
+        if key == self.key:
+            self.requests += 1
+            return None
+        if len(key) != len(self.key) or sorted(key) != sorted(self.key):
+            return None  # another conversation: expected variation
+        self.requests += 1
+        self.reordered += 1
+        order = _h(repr(key))
+        if order not in self.orders:
+            if len(self.orders) >= MAX_ORDERS:
+                self.capped = True
+            else:
+                self.orders.add(order)
+        span = _span(text, static_end, messages, k)
+        if span is None:
+            return None
+        value = text[span[0]:span[1]]
+        if len(self.examples) < MAX_EXAMPLES and value not in self.examples:
+            self.examples.append(value)
+        return span[1]
