@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 import functools
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
@@ -292,7 +293,7 @@ class Auditor:
             offsets = self.tokenizer.encode_with_offsets(text)[1]
         hashes = block_hashes(static_ids, self.block_size)
         tpl = TemplateState(
-            id=tid, static_text=text, static_ids=static_ids, offsets=offsets,
+            id=tid, static_text=text, static_ids=static_ids, offsets=array("i", offsets),
             head=Head(hashes), ach_head=Head(hashes),
             roles=prompt.roles, tools_json=prompt.tools_json, is_chat=prompt.is_chat,
             reference=f"{record.file}:{record.line}",

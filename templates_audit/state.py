@@ -73,7 +73,7 @@ class TemplateState:
     id: str
     static_text: str
     static_ids: list[int]
-    offsets: list[int]
+    offsets: Sequence[int]  # token start characters (an ``array``: 4 bytes each, one per token)
     head: Head  # block hashes of static_ids (full blocks), in the observed cache
     ach_head: Head  # the same hashes, in the achievable cache
     roles: tuple[tuple[int, int, Role], ...]
