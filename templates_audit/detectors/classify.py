@@ -6,7 +6,8 @@ The auditor finds varying spans by diffing renders, so a span is often a fragmen
 2. scan a window of context around the span; the detected value overlapping the span most
    gives the kind (so a fragment inherits the kind of the value it belongs to);
 3. otherwise look at the span widened to whole words: weekday/month names and years are
-   dates, long digit runs numeric ids, mixed hex ids, dotted numbers versions, `@` emails;
+   dates, long digit runs numeric ids, mixed hex ids and long opaque tokens (ULIDs) `hex_id`,
+   IPv4 addresses `other`, dotted numbers versions, `@` emails;
 4. a capitalised word after a name cue ("name is", "User:", "Hello") is a name;
 5. anything else is `other`.
 Never raises. Cost: one `scan` over at most 2 * 96 characters plus the span.
@@ -30,6 +31,8 @@ _WEEKDAY_OR_MONTH = re.compile(
 _EMAIL = re.compile(r"[^@\s]+@[^@\s/]+\.[A-Za-z]{2,}")
 _VERSION = re.compile(r"[vV]?\d+(?:\.\d+)+")
 _HEX = re.compile(r"(?:0[xX])?[0-9a-fA-F]{8,}")
+_IPV4 = re.compile(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})")
+_OPAQUE = re.compile(r"[A-Za-z0-9_-]{16,}")  # a ULID, a session token: letters and digits mixed
 _NAME_CUE = re.compile(
     r"(?i)(?:name|named|called|user|talking\s+to|speaking\s+(?:to|with)|hello|hi|hey|dear)"
     r"[\s:,'\"]*$"
@@ -70,6 +73,9 @@ def _token_kind(token: str) -> Kind | None:
         return Kind.NUMERIC_ID if len(token) >= 5 else Kind.OTHER
     if _EMAIL.fullmatch(token):
         return Kind.EMAIL
+    ip = _IPV4.fullmatch(token)
+    if ip and all(int(part) <= 255 for part in ip.groups()):
+        return Kind.OTHER  # an address, not a version (a cued "version 1.2.3.4" is caught earlier)
     if _VERSION.fullmatch(token):
         return Kind.VERSION
     if (
@@ -78,6 +84,12 @@ def _token_kind(token: str) -> Kind | None:
         and any(c.isalpha() for c in token)
     ):
         return Kind.HEX_ID
+    if (
+        _OPAQUE.fullmatch(token)
+        and sum(c.isdigit() for c in token) >= 4
+        and sum(c.isalpha() for c in token) >= 4
+    ):
+        return Kind.HEX_ID  # an opaque id: the kinds have no closer name
     return None
 
 

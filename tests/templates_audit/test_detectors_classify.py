@@ -35,6 +35,10 @@ CASES = [
     ("order ", "12345", "", Kind.NUMERIC_ID),  # 5 digits after a cue
     ("The date is ", "{{currentDateTime}}", ".", Kind.OTHER),  # a template slot is constant text
     ("x ", "²²²²", " y", Kind.OTHER),  # Unicode digits: no int() on them, no exception
+    ("Client IP: ", "10.0.3.17", "\n", Kind.OTHER),  # an IPv4 address is not a version
+    ("build ", "10.0.19041.1", " ok", Kind.VERSION),  # four parts, one over 255: a version
+    ("trace ", "01HZX3K9QKQ8V9M2N7P5R4T6W8", "\n", Kind.HEX_ID),  # a ULID: an opaque id
+    ("see ", "internationalization", " docs", Kind.OTHER),  # a long word is not an id
 ]
 
 
