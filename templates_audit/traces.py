@@ -5,6 +5,8 @@ Accepted line shapes, first match wins:
 * an OpenAI chat-completions body (``messages``, optional ``tools``, ``model``);
 * a completions body (``prompt``: a string, or a one-element list of strings);
 * a wrapper holding one of those under ``request`` or ``body`` (a dict or a JSON string);
+* an OpenAI Responses API body: ``instructions`` (the system message) and ``input`` (the user's
+  text, or items whose messages are kept);
 * a Langfuse-style observation whose ``input`` is a string, a message list or one of the above.
 
 An optional timestamp (``timestamp``, ``created_at``, ``time``, ``start_time``; ISO 8601 or epoch
@@ -249,6 +251,15 @@ def _record(obj: dict[str, Any], file: str, line: int, ts: float | None, depth: 
         prompt = prompt[0]
     if isinstance(prompt, str):
         return Record(file, line, prompt=prompt, model=model, timestamp=ts)
+    instructions, inp = obj.get("instructions"), obj.get("input")
+    if isinstance(instructions, str) and isinstance(inp, str | list):
+        # An OpenAI Responses API body: `instructions` is the system message, `input` the user's
+        # text or a list of items, of which the messages (with a role) are rendered.
+        items = [{"role": "user", "content": inp}] if isinstance(inp, str) else [
+            m for m in inp if isinstance(m, dict) and isinstance(m.get("role"), str)]
+        return Record(file, line, messages=_messages([{"role": "system", "content": instructions},
+                                                     *items]),
+                      tools=_tools(obj.get("tools")), model=model, timestamp=ts)
     if depth < 3:
         for key in (*_WRAPPER_KEYS, "input"):
             inner = obj.get(key)

@@ -33,6 +33,13 @@ SHAPES = [
     ({**CHAT, "created_at": 1716199200}, ["S", "U"], None, 1716199200.0),  # epoch seconds
     ({**CHAT, "time": 1716199200123}, ["S", "U"], None, 1716199200.123),  # epoch milliseconds
     ({"request": CHAT, "timestamp": "1716199200"}, ["S", "U"], None, 1716199200.0),  # wrapper's time
+    # OpenAI Responses API: instructions are the system message, input the user's text...
+    ({"model": "m", "instructions": "S", "input": "U"}, ["S", "U"], None, None),
+    # ... or items: messages (parts flattened) are kept, tool-call items are not messages
+    ({"instructions": "S", "input": [{"role": "user", "content": [{"type": "input_text",
+                                                                   "text": "U"}]},
+                                     {"type": "function_call_output", "output": "x"}]},
+     ["S", "U"], None, None),
 ]
 
 
