@@ -24,7 +24,8 @@ it is a recognised value (date, id, secret...), it costs at least one block.
 
 Memory: per template a reference prompt, at most :data:`MAX_SPANS` span accumulators with at
 most :data:`MAX_DISTINCT` value hashes and :data:`MAX_EXAMPLES` examples each; the caches are
-bounded by ``cache_blocks``. Nothing grows with the number of requests otherwise.
+bounded by ``cache_blocks``; beyond ``max_templates`` templates the oldest single-request ones are
+dropped. Nothing grows with the number of requests otherwise.
 Cost per request: one render, one tokenisation (line-cached), one diff of the static part against
 the reference (O(lines) when only values changed), block hashing of the non-shared tail only.
 """
@@ -58,9 +59,10 @@ from templates_audit.suggest import redact, suggestion
 from templates_audit.tokenize import DefaultTokenizer, EncodeError, Tokenizer, default_tokenizer
 from templates_audit.traces import Record
 
-__all__ = ["DEFAULT_CACHE_BLOCKS", "Auditor", "analyze"]
+__all__ = ["DEFAULT_CACHE_BLOCKS", "MAX_TEMPLATES", "Auditor", "analyze"]
 
 DEFAULT_CACHE_BLOCKS = 1 << 16  # 1M tokens at block size 16: more than one GPU's KV pool holds
+MAX_TEMPLATES = 10_000  # beyond, the oldest single-request templates are dropped (memory bound)
 STATIC_CACHE = 256  # recent distinct static parts whose tokens and hashes are kept
 MAX_BAD_SAMPLES = 10
 CONTEXT_CHARS = 40
@@ -82,6 +84,7 @@ class Auditor:
         cache_blocks: int | None = None,
         redact_values: bool = False,
         exact_replay: bool = False,
+        max_templates: int | None = MAX_TEMPLATES,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be > 0, got {block_size}")
@@ -96,6 +99,12 @@ class Auditor:
         self.redact_values = redact_values
         self.index = TemplateIndex()
         self.templates: dict[str, TemplateState] = {}
+        # Memory bound: templates of one request so far (id -> model, exact key), oldest first;
+        # beyond max_templates the oldest are dropped (they hold nothing to report but, rarely,
+        # a chat-template-injected date, which their template's other requests also show).
+        self.max_templates = max_templates
+        self._singletons: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        self.templates_dropped = 0
         self.observed = Replay(PrefixCache(cache_blocks, block_size), exact=exact_replay)
         self.achievable = Replay(PrefixCache(cache_blocks, block_size), exact=exact_replay)
         self._line_tokenizer = isinstance(self.tokenizer, DefaultTokenizer)
@@ -175,6 +184,8 @@ class Auditor:
             entry = self._static_entry(tpl, static_text, static_ids, key, lines, same_from,
                                        same_to)
         tpl.requests += 1
+        if tpl.requests == 2:
+            self._singletons.pop(tpl.id, None)
         self.requests += 1
         self.prompt_tokens += len(static_ids) + len(tail_ids)
         if entry.spans:
@@ -271,10 +282,10 @@ class Auditor:
         a template was found) and, when known, the reference's ``changed_range`` lines."""
         model = record.model or ""
         near = self.index.find_near(model, text, key)
-        if near is not None:
+        if near is not None and near[0] in self.templates:
             return self.templates[near[0]], "", near[1]
         tid, masked = self.index.find(model, text, key)
-        return (self.templates[tid] if tid is not None else None), masked, None
+        return (self.templates.get(tid) if tid is not None else None), masked, None
 
     def _template(self, record: Record, prompt: Prompt, static_ids: list[int],
                   offsets: list[int] | None, key: int,
@@ -301,7 +312,21 @@ class Auditor:
         if prompt.is_chat and self._dynamic_template:
             self._probe(tpl, record)
         self.templates[tid] = tpl
-        return self.templates[tid]
+        self._singletons[tid] = (model, key)
+        if self.max_templates is not None and len(self.templates) > self.max_templates:
+            self._drop_singleton(keep=tid)
+        return tpl
+
+    def _drop_singleton(self, keep: str) -> None:
+        """Forget the oldest template that still has a single request (never ``keep``)."""
+        oldest = next(iter(self._singletons))
+        if oldest == keep:
+            return
+        model, key = self._singletons.pop(oldest)
+        tpl = self.templates.pop(oldest)
+        self.index.remove(oldest, model, tpl.static_text, key)
+        self._static_lru.pop(key, None)
+        self.templates_dropped += 1
 
     def _probe(self, tpl: TemplateState, record: Record) -> None:
         try:
@@ -374,7 +399,7 @@ class Auditor:
         summary = Summary(
             requests=self.requests,
             bad_lines=self.bad_lines,
-            templates=len(templates),
+            templates=len(templates) + self.templates_dropped,
             block_size=self.block_size,
             observed_hit_rate=hit_rate(self.observed.hits, self.observed.queries),
             achievable_hit_rate=hit_rate(self.achievable.hits, self.achievable.queries),
@@ -382,6 +407,7 @@ class Auditor:
             tokenizer=self.tokenizer.name,
             first_timestamp=self.first_ts,
             last_timestamp=self.last_ts,
+            templates_dropped=self.templates_dropped,
         )
         return Report(summary, tuple(templates), tuple(findings), tuple(self.bad_samples))
 

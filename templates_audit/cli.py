@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from templates_audit.analysis import DEFAULT_CACHE_BLOCKS, Auditor
+from templates_audit.analysis import DEFAULT_CACHE_BLOCKS, MAX_TEMPLATES, Auditor
 from templates_audit.model import Report
 from templates_audit.progress import Progress
 from templates_audit.render import ChatRenderer, TemplateError
@@ -64,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-blocks", type=int, default=DEFAULT_CACHE_BLOCKS,
                    help=f"KV blocks of the simulated replica (default {DEFAULT_CACHE_BLOCKS:,}; "
                         "0 = unbounded, memory then grows with the trace)")
+    p.add_argument("--max-templates", type=int, default=MAX_TEMPLATES,
+                   help=f"templates kept (default {MAX_TEMPLATES:,}); beyond, the oldest that "
+                        "have a single request are dropped from the report (counted in "
+                        "templates_dropped) to bound memory; 0 = unbounded")
     p.add_argument("--format", choices=("text", "json", "markdown"), default="text")
     p.add_argument("--redact", action="store_true",
                    help="mask example values, keeping their shape (2024-05-20 -> ####-##-##)")
@@ -104,10 +108,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
-    if args.cache_blocks < 0:
-        parser.print_usage(sys.stderr)
-        print("prefix-audit: --cache-blocks must be >= 0", file=sys.stderr)
-        return EXIT_USAGE
+    for flag in ("cache_blocks", "max_templates"):
+        if getattr(args, flag) < 0:
+            parser.print_usage(sys.stderr)
+            print(f"prefix-audit: --{flag.replace('_', '-')} must be >= 0", file=sys.stderr)
+            return EXIT_USAGE
     readable = [f for f in args.files if f == "-" or (os.path.isfile(f) and os.access(f, os.R_OK))]
     if not readable:
         print(f"prefix-audit: no readable input file among {', '.join(args.files)}", file=sys.stderr)
@@ -124,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
 
     auditor = Auditor(tokenizer, renderer, block_size=args.block_size,
-                      cache_blocks=args.cache_blocks or None, redact_values=args.redact)
+                      cache_blocks=args.cache_blocks or None, redact_values=args.redact,
+                      max_templates=args.max_templates or None)
     progress = Progress(total_bytes(args.files), enabled=False if args.no_progress else None)
     try:
         auditor.add_all(iter_trace(args.files, max_line_bytes=args.max_line_bytes,

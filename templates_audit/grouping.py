@@ -165,6 +165,33 @@ class TemplateIndex:
         else:
             self._short.setdefault(model, deque(maxlen=RECENT_SHORT)).appendleft((tid, text))
 
+    def remove(self, tid: str, model: str, text: str, exact_key: int) -> None:
+        """Forget template ``tid`` (reference ``text``, added with ``exact_key``): a later
+        request like it starts a new template. Cost: O(lines of text * posting length)."""
+        if self._exact.get(exact_key) == tid:
+            del self._exact[exact_key]
+        _, mkey = self._refs.pop(tid)
+        if self._masked.get(mkey) == tid:
+            del self._masked[mkey]
+        for guess in {text[:GUESS_CHARS], text[-GUESS_CHARS:]}:
+            recent = self._guess.get((model, guess))
+            if recent is not None and tid in recent:
+                recent.remove(tid)
+                if not recent:
+                    del self._guess[(model, guess)]
+        if self._nlines.pop(tid, 0) >= MIN_LINES:
+            for line in {ln for ln in map(mask_line, text.split("\n")) if ln.strip()}:
+                lh = _h(model + "\x00" + line)
+                post = self._postings.get(lh)
+                if post is not None and tid in post:
+                    post.remove(tid)
+                    if not post:
+                        del self._postings[lh]
+        else:
+            short = self._short.get(model)
+            if short is not None and (tid, text) in short:
+                short.remove((tid, text))
+
     def _similar(self, model: str, text: str, lines: list[str]) -> str | None:
         distinct = {_h(model + "\x00" + ln) for ln in lines if ln.strip()}
         if len(distinct) >= MIN_LINES:

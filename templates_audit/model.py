@@ -106,6 +106,7 @@ class Summary:
     tokenizer: str = "default"
     first_timestamp: float | None = None
     last_timestamp: float | None = None
+    templates_dropped: int = 0  # single-request templates not listed (Auditor.max_templates)
 
 
 @dataclass(frozen=True)

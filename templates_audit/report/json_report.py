@@ -60,6 +60,7 @@ def to_dict(report: Report) -> dict[str, Any]:
             "tokenizer": s.tokenizer,
             "first_timestamp": s.first_timestamp,
             "last_timestamp": s.last_timestamp,
+            "templates_dropped": s.templates_dropped,
         },
         "templates": [_template(t) for t in report.templates],
         "findings": [_finding(f) for f in report.findings],

@@ -94,6 +94,9 @@ def render(report: Report, *, color: bool = False, max_templates: int = 50) -> s
             out.append("  no findings: the static part is identical across requests")
         for f in found:
             out.extend(_finding(f, st))
+    if s.templates_dropped:
+        out.append(f"\n{s.templates_dropped:,} templates of a single request each are not "
+                   "listed (dropped to bound memory: see --max-templates)")
     hidden = len(report.templates) - max_templates
     if hidden > 0:
         out.append(f"\n… {hidden:,} more templates (use --format json for all)")

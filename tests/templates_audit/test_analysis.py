@@ -261,6 +261,34 @@ def test_state_is_bounded_by_templates_not_requests(monkeypatch: pytest.MonkeyPa
     assert findings and all(f.distinct_values_capped for f in findings)
 
 
+def test_single_request_templates_beyond_the_bound_are_dropped() -> None:
+    """A trace of unique prompts keeps at most max_templates; what is dropped (single-request
+    templates only) changes neither the hit rates nor the findings, and a dropped prompt that
+    comes back is a new template."""
+    records = []
+    for i in range(60):
+        if i % 3 == 0:  # one busy template with a finding
+            records.append(chat(f"Current date: 2024-05-{i % 7 + 1:02d}\n" + BODY, "x", i))
+        else:  # unique prompts, short and multi-line
+            lines = "\n".join(f"Unique prompt {i} line {k}: do task {i * 7 + k}." for k in range(i % 6))
+            records.append(chat(f"You are bot {i}.\n{lines}", "x", i))
+    records += [records[1], records[2]]  # two early unique prompts come back
+    bounded, unbounded = Auditor(max_templates=5), Auditor(max_templates=None)
+    bounded.add_all(records)
+    unbounded.add_all(records)
+    b, u = bounded.report(), unbounded.report()
+    assert len(bounded.templates) <= 5 and len(b.templates) <= 5
+    assert b.summary.templates == len(b.templates) + b.summary.templates_dropped
+    assert b.summary.templates_dropped >= 35 and u.summary.templates_dropped == 0
+    assert (b.summary.observed_hit_rate, b.summary.achievable_hit_rate) == (
+        u.summary.observed_hit_rate, u.summary.achievable_hit_rate)
+    assert [(f.kind, f.requests_affected) for f in b.findings] == [
+        (f.kind, f.requests_affected) for f in u.findings] == [("date", 20)]
+    # Nothing of the dropped templates is left in the index.
+    assert set(bounded.index._refs) == set(bounded.templates)
+    assert all(set(post) <= set(bounded.templates) for post in bounded.index._postings.values())
+
+
 def test_template_render_errors_become_bad_lines() -> None:
     renderer = ChatRenderer("{{ raise_exception('no system role') }}")
     report = analyze([chat("S", "U")], renderer=renderer)

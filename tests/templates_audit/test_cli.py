@@ -52,6 +52,8 @@ CASES = [
     (["--no-color"], 0, "«2024-05-0"),  # no colour: guillemets
     (["--color"], 0, "\x1b[1;41;97m"),  # forced colour: ANSI highlight
     (["--block-size", "32"], 0, "block size 32"),  # block size reaches the report
+    (["--max-templates", "-1"], 2, "--max-templates must be >= 0"),  # invalid bound
+    (["--max-templates", "0", "--format", "json"], 0, '"templates_dropped": 0'),  # unbounded
 ]
 
 

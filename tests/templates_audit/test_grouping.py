@@ -121,3 +121,21 @@ def test_a_fixed_preamble_and_end_around_a_varying_block_is_one_template() -> No
     one_line = "You are ACME's assistant, answer from the context below and nothing else.\n"
     idx.add("t1", "m", one_line + docs[0] + "\nRules:\n" + rules + "\n", 10)
     assert idx.find("m", one_line + docs[1] + "\nRules:\n" + rules + "\n", 11)[0] is None
+
+
+def test_remove_forgets_a_template_entirely() -> None:
+    # (The auditor removes only templates of one request: none of their keys was remembered
+    # for another text.)
+    idx = TemplateIndex()
+    multi = "You are bot A.\n" + "\n".join(f"Rule {i}: be brief about item {i}." for i in range(8))
+    short = "You are talking to Alice."
+    idx.add("m1", "m", multi, 1)
+    idx.add("s1", "m", short, 2)
+    idx.remove("m1", "m", multi, 1)
+    idx.remove("s1", "m", short, 2)
+    assert idx.lookup_exact("m", multi)[0] is None and idx.lookup_exact("m", short)[0] is None
+    assert idx._refs == {} and idx._guess == {} and idx._postings == {} and idx._nlines == {}
+    assert idx._exact == {} and idx._masked == {} and all(not d for d in idx._short.values())
+    # Texts like them no longer find them by similarity either.
+    assert idx.find("m", multi.replace("bot A", "bot B"), 3)[0] is None
+    assert idx.find("m", short.replace("Alice", "Bob"), 4)[0] is None
