@@ -207,11 +207,8 @@ class Auditor:
             return tail_ids
         hs = tpl.history
         if hs is None:
-            hs = HistoryState.start(key, prompt.text, prompt.static_end, messages, k)
-            if hs is not None:
-                hs.ids = self.tokenizer.encode(hs.lead + hs.text)
-                hs.lead_tokens = len(self.tokenizer.encode(hs.lead))
-                tpl.history = hs
+            tpl.history = HistoryState.start(key, prompt.text, prompt.static_end, messages, k,
+                                             self.tokenizer.encode)
             return tail_ids
         end = hs.observe(key, prompt.text, prompt.static_end, messages, k)
         if end is None:
@@ -282,10 +279,10 @@ class Auditor:
         a template was found) and, when known, the reference's ``changed_range`` lines."""
         model = record.model or ""
         near = self.index.find_near(model, text, key)
-        if near is not None and near[0] in self.templates:
+        if near is not None:
             return self.templates[near[0]], "", near[1]
         tid, masked = self.index.find(model, text, key)
-        return (self.templates.get(tid) if tid is not None else None), masked, None
+        return (self.templates[tid] if tid is not None else None), masked, None
 
     def _template(self, record: Record, prompt: Prompt, static_ids: list[int],
                   offsets: list[int] | None, key: int,
@@ -445,7 +442,6 @@ class Auditor:
             char_start=st.ref_start,
             char_end=st.ref_end,
         )
-
 
     def _history_finding(self, tpl: TemplateState, hs: HistoryState) -> Finding:
         bs = self.block_size

@@ -120,11 +120,7 @@ def _diff_lines(ref: str, req: str) -> list[Span]:
         re_ = (a0[i2 - 1] + len(a[i2 - 1])) if i2 > i1 else rs
         qs = b0[j1] if j1 < len(b) else len(req)
         qe = (b0[j2 - 1] + len(b[j2 - 1])) if j2 > j1 else qs
-        if qe > qs:
-            kind = _block_kind(req[:qs], req[qs:qe], req[qe:])
-        else:
-            kind = _block_kind(ref[:rs], ref[rs:re_], ref[re_:])
-        out.append(Span(rs, re_, qs, qe, kind, multi_line=True))
+        out.append(Span(rs, re_, qs, qe, _side_kind(ref, req, rs, re_, qs, qe), multi_line=True))
     return out
 
 
@@ -153,6 +149,13 @@ def _block_kind(before: str, value: str, after: str) -> str:
     return str(classify(before[-96:], value, after[:96]))
 
 
+def _side_kind(ref: str, req: str, rs: int, re_: int, qs: int, qe: int) -> str:
+    """The kind of a block that is ``ref[rs:re_]`` / ``req[qs:qe]``: judged on the request's
+    text, or on the reference's when the request removed it (96 characters of context)."""
+    text, s, e = (req, qs, qe) if qe > qs else (ref, rs, re_)
+    return _block_kind(text[max(0, s - 96):s], text[s:e], text[e:e + 96])
+
+
 def _aligned(ref: str, req: str, a: list[str], b: list[str], a0: list[int], b0: list[int],
              i: int, j: int, n: int, out: list[Span]) -> None:
     diff = [k for k in range(n) if a[i + k] != b[j + k]]
@@ -179,9 +182,8 @@ def _aligned(ref: str, req: str, a: list[str], b: list[str], a0: list[int], b0: 
         if sum(s.multi_line for s in spans) >= 2:  # rewritten paragraphs: one block
             rs, re_ = spans[0].ref_start, spans[-1].ref_end
             qs, qe = spans[0].start, spans[-1].end
-            kind = (_block_kind(req[:qs], req[qs:qe], req[qe:]) if qe > qs
-                    else _block_kind(ref[:rs], ref[rs:re_], ref[re_:]))
-            out.append(Span(rs, re_, qs, qe, kind, multi_line=True))
+            out.append(Span(rs, re_, qs, qe, _side_kind(ref, req, rs, re_, qs, qe),
+                            multi_line=True))
         else:
             out.extend(spans)
 
@@ -265,8 +267,7 @@ def _rewritten(a: str, b: str, runs: list[list[int]]) -> tuple[Span, ...]:
     """One span over every run: the line was rewritten, not a value changed."""
     sa, ea = min(r[0] for r in runs), max(r[1] for r in runs)
     sb, eb = min(r[2] for r in runs), max(r[3] for r in runs)
-    text, vs, ve = (b, sb, eb) if eb > sb else (a, sa, ea)
-    return (Span(sa, ea, sb, eb, _block_kind(text[:vs], text[vs:ve], text[ve:]), multi_line=True),)
+    return (Span(sa, ea, sb, eb, _side_kind(a, b, sa, ea, sb, eb), multi_line=True),)
 
 
 def _spans(a: str, b: str, runs: list[list[int]]) -> tuple[Span, ...]:

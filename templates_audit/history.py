@@ -19,11 +19,9 @@ Cost: nothing for single-turn requests; one hash per history message otherwise.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import xxhash
 
 __all__ = ["MIN_TURNS", "HistoryState", "history_key"]
 
@@ -32,21 +30,16 @@ MAX_ORDERS = 4096
 MAX_EXAMPLES = 5
 
 
-def _h(text: str) -> int:
-    return xxhash.xxh3_64_intdigest(text.encode("utf-8", "surrogatepass"))
-
-
 def _content(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    return content if isinstance(content, str) else "" if content is None else repr(content)
+    return str(message.get("content") or "")  # a string once read (traces flattens parts)
 
 
 def history_key(messages: Sequence[dict[str, Any]], k: int) -> tuple[int, ...] | None:
-    """Hashes of the history messages ``messages[k:-1]`` (role and content), None when there
-    are fewer than :data:`MIN_TURNS`."""
+    """Hashes of the history messages ``messages[k:-1]`` (role and content; compared within
+    one run only), None when there are fewer than :data:`MIN_TURNS`."""
     if len(messages) - 1 - k < MIN_TURNS:
         return None
-    return tuple(_h(f"{m.get('role')}\x00{_content(m)}") for m in messages[k:-1])
+    return tuple(hash((m.get("role"), _content(m))) for m in messages[k:-1])
 
 
 def _span(text: str, start: int, messages: Sequence[dict[str, Any]], k: int
@@ -87,12 +80,17 @@ class HistoryState:
 
     @classmethod
     def start(cls, key: tuple[int, ...], text: str, static_end: int,
-              messages: Sequence[dict[str, Any]], k: int) -> HistoryState | None:
+              messages: Sequence[dict[str, Any]], k: int,
+              encode: Callable[[str], list[int]]) -> HistoryState | None:
+        """The history reference of a request (``encode``: the audit's tokenizer), or None when
+        its history cannot be located in its prompt."""
         span = _span(text, static_end, messages, k)
         if span is None or span[1] <= span[0]:
             return None
-        st = cls(key, text[span[0]:span[1]], str(messages[k].get("role")), text[static_end:span[0]])
-        st.orders.add(_h(repr(key)))
+        lead = text[static_end:span[0]]
+        st = cls(key, text[span[0]:span[1]], str(messages[k].get("role")), lead,
+                 encode(lead + text[span[0]:span[1]]), len(encode(lead)))
+        st.orders.add(hash(key))
         st.examples.append(st.text)
         return st
 
@@ -107,7 +105,7 @@ class HistoryState:
             return None  # another conversation: expected variation
         self.requests += 1
         self.reordered += 1
-        order = _h(repr(key))
+        order = hash(key)
         if order not in self.orders:
             if len(self.orders) >= MAX_ORDERS:
                 self.capped = True

@@ -109,33 +109,17 @@ class TemplateState:
     def observe(self, spans: Sequence[Span], text: str) -> None:
         """Accumulate one request's spans. Spans of one request that land in one span of the
         template (the paragraphs of one block) count as one request and one value (joined)."""
-        if len(spans) == 1:  # the common case: one value changed
-            sp = spans[0]
-            one = self.stats_for(sp)
-            if one is not None:
-                one.kinds[sp.kind] += 1
-                one.differed += 1
-                one.multi_line |= sp.multi_line
-                one.add_value(text[sp.start:sp.end])
-            return
-        seen: list[SpanStats] = []
-        values: list[list[str]] = []
+        values: dict[int, tuple[SpanStats, list[str]]] = {}  # id(stats) -> its values
         for sp in spans:
             stats = self.stats_for(sp)
             if stats is None:
                 continue
             stats.kinds[sp.kind] += 1
             stats.multi_line |= sp.multi_line
-            for st, vals in zip(seen, values, strict=True):
-                if st is stats:
-                    vals.append(text[sp.start:sp.end])
-                    break
-            else:
-                seen.append(stats)
-                values.append([text[sp.start:sp.end]])
-        for st, vals in zip(seen, values, strict=True):
-            st.differed += 1
-            st.add_value(vals[0] if len(vals) == 1 else " … ".join(vals))
+            values.setdefault(id(stats), (stats, []))[1].append(text[sp.start:sp.end])
+        for stats, vals in values.values():
+            stats.differed += 1
+            stats.add_value(vals[0] if len(vals) == 1 else " … ".join(vals))
 
     def stats_for(self, sp: Span) -> SpanStats | None:
         for st in self.spans:

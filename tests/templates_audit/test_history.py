@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from templates_audit.history import HistoryState, history_key
+from templates_audit.tokenize import default_tokenizer
 
 SHOTS = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
          {"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris"}]
@@ -32,7 +33,7 @@ def test_permutations_count_other_conversations_do_not() -> None:
     text, end = _render(ref)
     key = history_key(ref, 1)
     assert key is not None
-    hs = HistoryState.start(key, text, end, ref, 1)
+    hs = HistoryState.start(key, text, end, ref, 1, default_tokenizer().encode)
     assert hs is not None
     assert hs.text.startswith("2+2?<|im_end|>") and hs.text.endswith("<|im_start|>user\n")
     assert hs.lead == "<|im_start|>user\n"
