@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 RUN_LAST = True
 
 REQUESTS = 12
-MAX_TOKENS = 48
+MAX_TOKENS = 96  # long enough that the kill lands mid-generation on a fast CI machine
 
 
 def test_killing_a_replica_loses_no_unstreamed_request(
@@ -44,20 +44,22 @@ def test_killing_a_replica_loses_no_unstreamed_request(
         tokens = resp.json()["usage"]["completion_tokens"] if resp.status_code == 200 else -1
         return resp.status_code, resp.headers.get("x-prefix-router-replica", ""), tokens
 
+    t0 = time.monotonic()
     with ThreadPoolExecutor(REQUESTS) as pool:
         futures = [pool.submit(send, k) for k in range(REQUESTS)]
         victim = None
-        for _ in range(600):  # bounded wait until a replica is busy with some of them
-            busy = [
-                i
-                for i in range(fleet.n)
-                if fleet.metrics(i).get("vllm:num_requests_running", 0) >= 1
-            ]
-            if busy:
-                victim = busy[-1]
+        for _ in range(600):  # bounded wait until every request is open on a replica
+            # The router's own count is exact; vLLM's running gauge can trail (or outlive) the
+            # requests it counts, and a kill after the victim finished would test nothing.
+            open_on = [router.app.replicas.get(name) for name in fleet.names]
+            counts = [s.in_flight if s is not None else 0 for s in open_on]
+            if sum(counts) == REQUESTS:
+                victim = max(range(fleet.n), key=counts.__getitem__)
                 break
             time.sleep(0.05)
-        assert victim is not None, "no replica ever ran a request"
+        assert victim is not None, "the router never had every request open"
+        held = counts[victim]
+        t_kill = time.monotonic() - t0
         fleet.kill(victim)
         results = [f.result() for f in futures]
 
@@ -69,7 +71,8 @@ def test_killing_a_replica_loses_no_unstreamed_request(
     retries = parse_metrics(router.app.metrics.render()[0].decode())
     retried = retries.get("prefix_router_retries_total", 0)
     print(
-        f"\nkilled {fleet.names[victim]}; answers from {sorted(served_by)}; retries {retried:.0f}"
+        f"\nkilled {fleet.names[victim]} holding {held} at {t_kill:.2f}s, all done at"
+        f" {time.monotonic() - t0:.2f}s; answers from {sorted(served_by)}; retries {retried:.0f}"
     )
     assert survivor in served_by
     assert retried >= 1, "the kill hit no request: nothing exercised the retry path"
