@@ -70,6 +70,7 @@ CONTEXT_CHARS = 40
 PROBE_CLOCKS = (dt.datetime(2024, 1, 2, 3, 4, 5), dt.datetime(2025, 11, 28, 17, 45, 50))
 _MEANINGFUL_KINDS = frozenset({"timestamp", "date", "time", "uuid", "hex_id", "numeric_id",
                                "name", "email", "version", "secret", "reordered_block"})
+_SPAN_RECOVERED = frozenset({"reordered_block", "whitespace"})
 
 
 class Auditor:
@@ -418,7 +419,10 @@ class Auditor:
             kind = "secret"
         bs = self.block_size
         first = tpl.token_at(st.ref_start)
-        span_tokens = tpl.token_at(st.ref_end) - first if st.ref_end > st.ref_start else 0
+        # A fixed order or normalised whitespace makes the span itself static as well (as in the
+        # achievable replay); a value moved out of the way keeps varying.
+        span_tokens = (tpl.token_at(st.ref_end) - first
+                       if st.ref_end > st.ref_start and kind not in _SPAN_RECOVERED else 0)
         static_tokens = len(tpl.static_ids)
         lost = max(0, (static_tokens - span_tokens) // bs - first // bs) * bs
         if not (lost >= bs or kind in _MEANINGFUL_KINDS or st.injected):

@@ -7,7 +7,8 @@ Algorithm (per request whose static part differs from the reference's):
    multi-line span each.
 2. Runs of differing lines with at most one equal line between them form a cluster. A cluster of
    two or more lines whose lines are the same multiset on both sides is a ``reordered_block``
-   (shuffled few-shot examples).
+   (shuffled few-shot examples, tools in another order); so is a cluster together with the next
+   few when only their union is (two lines swapped across lines that stayed in place).
 3. Other differing line pairs are diffed at word level; each differing run is widened to whole
    words and to any detector match (``scan``) it touches, runs separated only by punctuation or
    space are merged, and each span's kind comes from ``classify(before, value, after)``. A pair
@@ -156,6 +157,30 @@ def _side_kind(ref: str, req: str, rs: int, re_: int, qs: int, qe: int) -> str:
     return _block_kind(text[max(0, s - 96):s], text[s:e], text[e:e + 96])
 
 
+MAX_REORDER_CLUSTERS = 8  # how far a swap of distant lines is looked for
+
+
+def _permuted_through(a: list[str], b: list[str], i: int, j: int, clusters: list[list[int]],
+                      c: int) -> int | None:
+    """The first cluster ``d`` (``c`` itself, or one of the next :data:`MAX_REORDER_CLUSTERS`)
+    such that lines ``clusters[c][0]..clusters[d][-1]`` are the same multiset on both sides, or
+    None: shuffled lines, including two swapped across lines that stayed in place."""
+    delta: dict[str, int] = {}
+    unbalanced = 0  # lines whose count differs between the two sides
+    for d in range(c, min(len(clusters), c + MAX_REORDER_CLUSTERS)):
+        start = clusters[c][0] if d == c else clusters[d - 1][-1] + 1
+        for k in range(start, clusters[d][-1] + 1):
+            x, y = a[i + k], b[j + k]
+            if x != y:
+                for line, step in ((x, 1), (y, -1)):
+                    was = delta.get(line, 0)
+                    delta[line] = was + step
+                    unbalanced += (was == 0) - (was + step == 0)
+        if not unbalanced:
+            return d
+    return None
+
+
 def _aligned(ref: str, req: str, a: list[str], b: list[str], a0: list[int], b0: list[int],
              i: int, j: int, n: int, out: list[Span]) -> None:
     diff = [k for k in range(n) if a[i + k] != b[j + k]]
@@ -165,14 +190,18 @@ def _aligned(ref: str, req: str, a: list[str], b: list[str], a0: list[int], b0: 
             clusters[-1].append(k)
         else:
             clusters.append([k])
-    for cl in clusters:
-        lo, hi = cl[0], cl[-1] + 1
-        if len(cl) >= 2 and sorted(a[i + lo:i + hi]) == sorted(b[j + lo:j + hi]):
-            rs, qs = a0[i + lo], b0[j + lo]
-            out.append(Span(rs, a0[i + hi - 1] + len(a[i + hi - 1]),
-                            qs, b0[j + hi - 1] + len(b[j + hi - 1]),
+    c = 0
+    while c < len(clusters):
+        cl = clusters[c]
+        last = _permuted_through(a, b, i, j, clusters, c)
+        if last is not None:
+            lo, hi = cl[0], clusters[last][-1] + 1
+            out.append(Span(a0[i + lo], a0[i + hi - 1] + len(a[i + hi - 1]),
+                            b0[j + lo], b0[j + hi - 1] + len(b[j + hi - 1]),
                             Kind.REORDERED_BLOCK.value, multi_line=True))
+            c = last + 1
             continue
+        c += 1
         spans = []
         for k in cl:
             ra, qb = a0[i + k], b0[j + k]

@@ -68,6 +68,16 @@ class StaticPart:
     ach_shared: int = 0
 
 
+def _in_tools(value: str, tools_json: str) -> bool:
+    """Whether ``value`` comes from the tool definitions: the template renders each tool as JSON
+    its own way (one per line, indented...), so every line of it, spaces aside, is in them."""
+    if value in tools_json:
+        return True
+    compact = "".join(tools_json.split())
+    lines = ["".join(line.split()) for line in value.split("\n")]
+    return any(lines) and all(line in compact for line in lines)
+
+
 @dataclass
 class TemplateState:
     id: str
@@ -102,7 +112,7 @@ class TemplateState:
         for s, e, role in self.roles:
             if s <= start < e or (s < e and start == e and not value):
                 return role
-        if self.tools_json and value and value in self.tools_json:
+        if self.tools_json and value and _in_tools(value, self.tools_json):
             return Role.TOOLS
         return Role.TEMPLATE
 

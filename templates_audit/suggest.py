@@ -42,10 +42,13 @@ def suggestion(kind: str, role: Role, before: str, tokens_lost: float) -> str:
     if kind == "reordered_block" and role in (Role.USER, Role.ASSISTANT):
         return ("send the few-shot example turns in one fixed order (shuffle them once, not per "
                 "request)" + tail.replace("static tokens after it", "tokens of examples"))
+    from_it = tail.replace("static tokens after it", "static tokens from it on")
+    if kind == "reordered_block" and role is Role.TOOLS:
+        return "send the tools in one fixed order (e.g. sorted by name)" + from_it
     if kind == "reordered_block":
-        return "sort the examples (or other repeated blocks) deterministically" + tail
+        return "sort the examples (or other repeated blocks) deterministically" + from_it
     if kind == "whitespace":
-        return "normalise whitespace (strip/collapse) before rendering" + tail
+        return "normalise whitespace (strip/collapse) before rendering" + from_it
     if role is Role.TEMPLATE:
         return (f"the chat template injects {name} ({kind}) on every request: pass a fixed value "
                 "(e.g. `date_string`) or override the template so the date goes after the "

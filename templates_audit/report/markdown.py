@@ -7,6 +7,7 @@ break the comment's formatting.
 from __future__ import annotations
 
 from templates_audit.model import Finding, Report
+from templates_audit.report import shown
 
 __all__ = ["render"]
 
@@ -17,7 +18,7 @@ def _code(text: str) -> str:
 
 
 def _row(f: Finding) -> str:
-    example = f.examples[0][:60] if f.examples else ""
+    example = shown(f, f.examples[0])[:60] if f.examples else ""
     sec = " ⚠️" if f.security else ""
     return (
         f"| {f.template} | **{f.kind}**{sec} | {f.role.value} | {f.first_token:,} ({f.block:,}) | "

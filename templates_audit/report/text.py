@@ -6,6 +6,7 @@ its cost and its fix. Pure: ``render(report, color=...) -> str``; the caller dec
 from __future__ import annotations
 
 from templates_audit.model import Finding, Report
+from templates_audit.report import shown
 
 __all__ = ["render"]
 
@@ -53,9 +54,10 @@ def _finding(f: Finding, st: _Style) -> list[str]:
         f"~{f.tokens_lost_per_request:,.0f} tokens lost per request",
         f"      {_context(f, st)}",
     ]
-    if len(f.examples) > 1:
-        shown = ", ".join(_visible(e[:40]) for e in f.examples)
-        lines.append(f"      examples: {shown}")
+    if f.kind == "reordered_block":
+        lines += [f"      order: {_visible(shown(f, e)[:120])}" for e in f.examples[:3]]
+    elif len(f.examples) > 1:
+        lines.append(f"      examples: {', '.join(_visible(e[:40]) for e in f.examples)}")
     lines.append(f"      fix: {st(_GREEN, f.suggestion)}")
     if f.security:
         lines.append(f"      {st(_RED, 'SECURITY: a credential is sent in the prompt')}")

@@ -42,6 +42,14 @@ def tool(desc: str) -> list[dict[str, object]]:
                                               "parameters": {"type": "object"}}}]
 
 
+def shuffled_tools(i: int) -> list[dict[str, object]]:
+    tools = [{"type": "function", "function": {"name": f"tool_{k}", "description": f"Does {k}.",
+                                               "parameters": {"type": "object"}}}
+             for k in range(6)]
+    random.Random(i).shuffle(tools)
+    return tools
+
+
 SHOTS = ["Q: 2+2?\nA: 4", "Q: capital of France?\nA: Paris", "Q: opposite of hot?\nA: cold"]
 
 
@@ -96,6 +104,9 @@ SCENARIOS: list[tuple[str, Callable[[int], Record], int, list[tuple[str, str]]]]
                              tools=tool(f"Now is 2024-05-20T10:{i:02d}:00Z. Returns the time."
                                         " Use it whenever the user asks about time or dates.")),
      1, [("timestamp", "tools")]),
+    # the tool list sent in another order per request (any permutation, fixed points too)
+    ("tools-shuffled", lambda i: chat("You are helpful.\n" + BODY, "x", i,
+                                      tools=shuffled_tools(i)), 1, [("reordered_block", "tools")]),
     # the developer role is attributed as such
     ("developer", lambda i: chat(f"Today is 2024-06-{i + 1:02d}.\n" + BODY, "x", i,
                                  role="developer"), 1, [("date", "developer")]),
@@ -183,6 +194,19 @@ def test_shuffled_example_turns_finding_and_achievable_rate() -> None:
     fixed = analyze(make(lambda i: shot_turns(0)))
     assert shuffled.summary.achievable_hit_rate == fixed.summary.observed_hit_rate
     assert shuffled.summary.observed_hit_rate < fixed.summary.observed_hit_rate
+
+
+def test_shuffled_tools_cost_the_tools_too() -> None:
+    # Every full block from the shuffled tool list's block to the end of the static part is lost:
+    # a fixed order makes the tool list itself cacheable (the achievable replay counts it so).
+    report = analyze(many(lambda i: chat("You are helpful.\n" + BODY, "x", i,
+                                         tools=shuffled_tools(i))))
+    [f] = report.findings
+    [t] = report.templates
+    assert (f.kind, f.role.value) == ("reordered_block", "tools")
+    assert f.tokens_lost_per_request == (t.static_tokens // 16 - f.block) * 16
+    assert f.suggestion.startswith("send the tools in one fixed order")
+    assert f"the {int(f.tokens_lost_per_request):,} static tokens from it on" in f.suggestion
 
 
 def test_spans_of_one_request_in_one_block_count_once() -> None:
@@ -343,6 +367,12 @@ SPANS = [
      [("Alice", "Bob", "name"), ("Thursday, 24 April 2025", "Friday, 25 April 2025", "date"),
       ("Paris", "Rome", "other")]),  # three values on one line stay three spans
     ("a\nQ: 1\nQ: 2\nb", "a\nQ: 2\nQ: 1\nb", [("Q: 1\nQ: 2", "Q: 2\nQ: 1", "reordered_block")]),  # shuffled lines
+    # two lines swapped across lines that stayed in place: one reordered block, not word diffs
+    ("a\nQ: 1\nx\ny\nQ: 2\nb", "a\nQ: 2\nx\ny\nQ: 1\nb",
+     [("Q: 1\nx\ny\nQ: 2", "Q: 2\nx\ny\nQ: 1", "reordered_block")]),
+    # ... but two unrelated changes far apart stay two values
+    ("a\nQ: 1\nx\ny\nQ: 2\nb", "a\nQ: 3\nx\ny\nQ: 4\nb",
+     [("1", "3", "other"), ("2", "4", "other")]),
     ("a  b\nc", "a b\nc", [(" ", "", "whitespace")]),  # whitespace only
     ("head\nend", "head\nmail 1\nmail 2\nend", [("", "mail 1\nmail 2", "other")]),  # injected lines
     ("same\ntext", "same\ntext", []),  # identical: nothing

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from templates_audit.model import BadLine, Finding, Report, Role, Summary, Template
-from templates_audit.report import json_report, markdown, text
+from templates_audit.report import json_report, markdown, shown, text
 from templates_audit.suggest import redact
 
 SUMMARY = Summary(requests=120, bad_lines=2, templates=1, block_size=16,
@@ -128,3 +129,28 @@ def test_markdown_caps_long_tables() -> None:
 def test_text_says_why_a_template_has_no_findings(shared: int, said: str) -> None:
     tpl = Template("tpl-1", 120, shared, 1007, "You are helpful.", "t:1")
     assert said in text.render(Report(SUMMARY, (tpl,), (), ()), color=False)
+
+
+TOOLS = "\n".join(f'{{"type": "function", "function": {{"name": "tool_{k}", "description": "x"}}}}'
+                  for k in (2, 0, 1))
+ORDERS = [
+    # (kind, example value, as printed) — a reordered block is shown as its order of lines
+    ("reordered_block", TOOLS, "tool_2 | tool_0 | tool_1"),  # what tells the tools apart
+    ("reordered_block", "Q: 2+2?\nA: 4\nQ: capital of France?\nA: Paris",
+     "Q: 2+2? | A: 4 | Q: capital of France? | A: Paris"),  # nothing in common: first words
+    ("reordered_block", "one line", "one line"),  # not a block
+    ("date", "2024-05-20", "2024-05-20"),  # other kinds: the value itself
+]
+
+
+@pytest.mark.parametrize(("kind", "value", "printed"), ORDERS)
+def test_shown(kind: str, value: str, printed: str) -> None:
+    assert shown(dataclasses.replace(DATE, kind=kind), value) == printed
+
+
+def test_text_and_markdown_show_the_order_of_a_reordered_block() -> None:
+    f = Finding("tpl-1", "reordered_block", Role.TOOLS, 40, 2, 120, 6, (TOOLS,), 416.0,
+                "send the tools in one fixed order", before="<tools>\n", after="\n</tools>")
+    report = Report(SUMMARY, (TEMPLATE,), (f,), ())
+    assert "      order: tool_2 | tool_0 | tool_1" in text.render(report)
+    assert "`tool_2 ¦ tool_0 ¦ tool_1`" in markdown.render(report)
