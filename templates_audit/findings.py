@@ -193,7 +193,9 @@ def _aligned(ref: str, req: str, a: list[str], b: list[str], a0: list[int], b0: 
     c = 0
     while c < len(clusters):
         cl = clusters[c]
-        last = _permuted_through(a, b, i, j, clusters, c)
+        # (one changed line with no other cluster after it is never a reordering: the usual case)
+        last = (_permuted_through(a, b, i, j, clusters, c)
+                if len(cl) >= 2 or c + 1 < len(clusters) else None)
         if last is not None:
             lo, hi = cl[0], clusters[last][-1] + 1
             out.append(Span(a0[i + lo], a0[i + hi - 1] + len(a[i + hi - 1]),
