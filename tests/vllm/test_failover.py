@@ -32,6 +32,10 @@ MAX_TOKENS = 96  # long enough that the kill lands mid-generation on a fast CI m
 def test_killing_a_replica_loses_no_unstreamed_request(
     fleet: VllmFleet, router: RouterUnderTest, unique: str
 ) -> None:
+    limits = httpx.Limits(max_connections=REQUESTS, max_keepalive_connections=REQUESTS)
+    http = httpx.Client(base_url=router.url, timeout=180, limits=limits)  # built once: threads
+    # that each built a client (an SSL context apiece) dispatched seconds apart on a busy machine
+
     def send(k: int) -> tuple[int, str, int]:
         body = {
             "model": "tiny-llama",
@@ -39,26 +43,27 @@ def test_killing_a_replica_loses_no_unstreamed_request(
             "max_tokens": MAX_TOKENS,
             "ignore_eos": True,
         }
-        with httpx.Client(base_url=router.url, timeout=180) as http:
-            resp = http.post("/v1/chat/completions", json=body)
+        resp = http.post("/v1/chat/completions", json=body)
         tokens = resp.json()["usage"]["completion_tokens"] if resp.status_code == 200 else -1
         return resp.status_code, resp.headers.get("x-prefix-router-replica", ""), tokens
 
     t0 = time.monotonic()
-    with ThreadPoolExecutor(REQUESTS) as pool:
+    with http, ThreadPoolExecutor(REQUESTS) as pool:
         futures = [pool.submit(send, k) for k in range(REQUESTS)]
-        victim = None
-        for _ in range(600):  # bounded wait until every request is open on a replica
-            # The router's own count is exact; vLLM's running gauge can trail (or outlive) the
-            # requests it counts, and a kill after the victim finished would test nothing.
-            open_on = [router.app.replicas.get(name) for name in fleet.names]
-            counts = [s.in_flight if s is not None else 0 for s in open_on]
-            if sum(counts) == REQUESTS:
-                victim = max(range(fleet.n), key=counts.__getitem__)
+        # Kill the replica the router has the most requests open on, once every request is open
+        # or as soon as one has finished (a slow start must not let the victim drain first). The
+        # router's own count is exact; vLLM's running gauge can trail the requests it counts (CI
+        # once killed a replica that had already answered everything).
+        counts = [0] * fleet.n
+        for _ in range(600):  # bounded: 30 s
+            states = [router.app.replicas.get(name) for name in fleet.names]
+            counts = [s.in_flight if s is not None else 0 for s in states]
+            if sum(counts) == REQUESTS or (max(counts) and any(f.done() for f in futures)):
                 break
             time.sleep(0.05)
-        assert victim is not None, "the router never had every request open"
+        victim = max(range(fleet.n), key=counts.__getitem__)
         held = counts[victim]
+        assert held >= 1, f"no request open on any replica: {counts}"
         t_kill = time.monotonic() - t0
         fleet.kill(victim)
         results = [f.result() for f in futures]
