@@ -379,7 +379,7 @@ class Auditor:
         findings: list[Finding] = []
         templates: list[Template] = []
         for tpl in self.templates.values():
-            tf = [f for st in tpl.spans if (f := self._finding(tpl, st)) is not None]
+            tf = [f for st in tpl.merged_spans() if (f := self._finding(tpl, st)) is not None]
             if tpl.history is not None and tpl.history.reordered:
                 tf.append(self._history_finding(tpl, tpl.history))
             tf.sort(key=lambda f: f.first_token)

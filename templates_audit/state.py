@@ -4,7 +4,8 @@ Bounded by construction: at most :data:`MAX_SPANS` spans per template, each with
 :data:`MAX_DISTINCT` value hashes (then ``capped``) and :data:`MAX_EXAMPLES` examples. Spans are
 keyed by their position in the template's reference prompt; a span that overlaps a known one (or
 an insertion at its edge) is merged into it (the union of their ranges), so a value seen as ``May 3``
-and ``May 13`` is one span.
+and ``May 13`` is one span; spans that grew into each other are merged for the report
+(:meth:`TemplateState.merged_spans`).
 Cost: O(spans of the template) per observed span — a handful.
 """
 
@@ -43,6 +44,23 @@ class SpanStats:
     multi_line: bool = False
     injected: bool = False  # found by the strftime_now probe: the template writes it
 
+    def absorb(self, other: SpanStats) -> None:
+        """Take in ``other``, a span found apart that turned out to be part of this one.
+        ``differed`` is capped by the caller (a request seen in both counts twice here)."""
+        self.ref_start = min(self.ref_start, other.ref_start)
+        self.ref_end = max(self.ref_end, other.ref_end)
+        self.kinds.update(other.kinds)
+        self.differed += other.differed
+        self.multi_line |= other.multi_line
+        self.injected |= other.injected
+        self.capped |= other.capped
+        for h in other.values:
+            if len(self.values) >= MAX_DISTINCT:
+                self.capped = True
+                break
+            self.values.add(h)
+        self.examples += other.examples[:MAX_EXAMPLES - len(self.examples)]
+
     def add_value(self, value: str) -> None:
         h = xxhash.xxh3_64_intdigest(value.encode("utf-8", "surrogatepass"))
         if h not in self.values:
@@ -66,6 +84,12 @@ class StaticPart:
     # last span): the reference's first `ach_shared` tokens, then `ach_ids`, this part's own.
     ach_ids: list[int] | None = None
     ach_shared: int = 0
+
+
+def _meets(s0: int, e0: int, s1: int, e1: int) -> bool:
+    """Whether two reference ranges are one span: they overlap, or one is an insertion (empty)
+    at or inside the other."""
+    return (s0 < e1 and s1 < e0) or ((s0 == e0 or s1 == e1) and s0 <= e1 and s1 <= e0)
 
 
 def _in_tools(value: str, tools_json: str) -> bool:
@@ -131,13 +155,23 @@ class TemplateState:
             stats.differed += 1
             stats.add_value(vals[0] if len(vals) == 1 else " … ".join(vals))
 
+    def merged_spans(self) -> list[SpanStats]:
+        """The spans in reference order, those that meet after growing apart merged (a span
+        first seen on two lines, later on the line between them too, is one span)."""
+        out: list[SpanStats] = []
+        for st in sorted(self.spans, key=lambda st: (st.ref_start, st.ref_end)):
+            if out and _meets(out[-1].ref_start, out[-1].ref_end, st.ref_start, st.ref_end):
+                out[-1].absorb(st)
+                # every request but the reference can differ; one seen in both counted twice
+                out[-1].differed = min(out[-1].differed, max(self.requests - 1, 1))
+            else:
+                out.append(st)
+        self.spans = out
+        return out
+
     def stats_for(self, sp: Span) -> SpanStats | None:
         for st in self.spans:
-            if (st.ref_start < sp.ref_end and sp.ref_start < st.ref_end) or (
-                # an insertion (empty range) meets any span at or around its position
-                (sp.ref_start == sp.ref_end or st.ref_start == st.ref_end)
-                and st.ref_start <= sp.ref_end and sp.ref_start <= st.ref_end
-            ):
+            if _meets(st.ref_start, st.ref_end, sp.ref_start, sp.ref_end):
                 if sp.ref_start < st.ref_start or sp.ref_end > st.ref_end:
                     st.ref_start = min(st.ref_start, sp.ref_start)
                     st.ref_end = max(st.ref_end, sp.ref_end)

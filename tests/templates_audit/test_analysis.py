@@ -222,6 +222,37 @@ def test_spans_of_one_request_in_one_block_count_once() -> None:
     assert "p … q … s" in st.examples
 
 
+def test_spans_that_grow_into_each_other_are_one_span() -> None:
+    tpl = state.TemplateState(id="t", static_text="aaaa bbbb cccc dddd", static_ids=[],
+                              offsets=[0], head=Head([]), ach_head=Head([]), roles=(),
+                              tools_json="", is_chat=False, requests=4)
+    tpl.observe([Span(0, 4, 0, 1, "other", True)], "x")
+    tpl.observe([Span(10, 14, 0, 1, "other", True)], "y")  # apart from the first: a 2nd span
+    tpl.observe([Span(3, 11, 0, 1, "other", True)], "z")  # grows the first over the second
+    assert len(tpl.spans) == 2
+    [st] = tpl.merged_spans()
+    assert (st.ref_start, st.ref_end, st.differed) == (0, 14, 3)
+    assert st.examples[:2] == ["aaaa", "x"] and "y" in st.examples
+
+
+def test_examples_picked_per_request_are_one_finding() -> None:
+    # 2-5 of 20 examples picked per request (in the pool's order): the examples block is one
+    # finding, however the line diffs of single requests cut it (with this seed, one request's
+    # diff was a deletion and an insertion one line apart, first seen as a second span).
+    pool = [f"Example {k}: Q: how do I reset widget {k}? A: hold the button for {k} seconds."
+            for k in range(20)]
+    rng = random.Random(4)
+    picks = [sorted(rng.sample(range(20), rng.randint(2, 5))) for _ in range(200)]
+
+    def make(i: int) -> Record:
+        return chat("Examples:\n" + "\n".join(pool[k] for k in picks[i]) + "\n" + BODY, "x", i)
+
+    report = analyze(many(make, 200))
+    [f] = report.findings
+    differ = sum(p != picks[0] for p in picks)  # the first request is the reference
+    assert (f.kind, f.role.value, f.requests_affected) == ("other", "system", differ)
+
+
 def test_finding_counts_cost_and_location() -> None:
     report = analyze(many(lambda i: chat(f"Current date: 2024-05-{i % 4 + 1:02d}\n" + BODY, "x", i)))
     [f] = report.findings
