@@ -6,12 +6,21 @@ import socket
 import urllib.error
 import urllib.request
 
+_handed_out: set[int] = set()
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port the OS reports free on ``host`` right now (another process may still take it)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port the OS reports free on ``host`` right now (another process may still take it),
+    and never one this process was handed before: the OS can give a port it just reported free
+    out again, so a fleet picking its ports one by one once got two replicas on one port."""
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise RuntimeError(f"no new free port on {host} in 1000 tries")
 
 
 def http_get(url: str, timeout: float = 1.0) -> tuple[int, bytes] | None:

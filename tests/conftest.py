@@ -19,11 +19,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from loadtest._net import free_port as free_port  # one picker: it never repeats a port
 
 
 def free_port_range(n: int, tries: int = 50) -> int:
