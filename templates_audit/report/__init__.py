@@ -7,6 +7,7 @@ Shared here: :func:`shown`, how an example value is printed for people.
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 from templates_audit.findings import common_prefix
 from templates_audit.model import Finding
@@ -15,12 +16,19 @@ __all__ = ["shown"]
 
 _LABEL = re.compile(r"[^\",;{}\[\]]{1,24}")
 _WORD_END = re.compile(r"\w+$")
+_ROLES = frozenset({"system", "developer", "user", "assistant", "model", "tool"})
+_MARKUP = re.compile(r"<\|[^|<>]{1,40}\|>|</?[A-Za-z_][\w.-]{0,30}>|\[/?INST\]")
 
 
 def _order(value: str) -> str:
     """A reordered block as the order of its lines, each by what tells it apart from the others
     (``tool_2 | tool_0 | tool_1`` for a tool list, the first words of each example otherwise)."""
-    lines = [line.strip() for line in value.split("\n") if line.strip()]
+    # Chat-template markup and lines repeated in the block (role headers) tell nothing apart.
+    stripped = [_MARKUP.sub("", line).strip() for line in value.split("\n")]
+    seen = Counter(stripped)
+    lines = [line for line in stripped if line and seen[line] == 1 and line not in _ROLES]
+    if len(lines) < 2:
+        lines = [line for line in stripped if line]
     # The lines' common prefix is that of the smallest and the largest of them.
     common = min(lines)[:common_prefix(min(lines), max(lines))] if len(lines) > 1 else ""
     common = _WORD_END.sub("", common)  # stop before a word both lines start ("tool_")

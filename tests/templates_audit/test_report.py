@@ -138,6 +138,9 @@ ORDERS = [
     ("reordered_block", TOOLS, "tool_2 | tool_0 | tool_1"),  # what tells the tools apart
     ("reordered_block", "Q: 2+2?\nA: 4\nQ: capital of France?\nA: Paris",
      "Q: 2+2? | A: 4 | Q: capital of France? | A: Paris"),  # nothing in common: first words
+    ("reordered_block", "Q: 2+2?<|im_end|>\n<|im_start|>assistant\nA: 4<|im_end|>\n"
+     "<|im_start|>user\nQ: hot?<|im_end|>\n<|im_start|>assistant\nA: cold",
+     "Q: 2+2? | A: 4 | Q: hot? | A: cold"),  # example turns: markup and role headers go
     ("reordered_block", "one line", "one line"),  # not a block
     ("date", "2024-05-20", "2024-05-20"),  # other kinds: the value itself
 ]
