@@ -41,8 +41,7 @@ def _wait_idle(fleet: VllmFleet, i: int, polls: int = 300) -> dict[str, float]:
 
 def _running(fleet: VllmFleet, i: int, polls: int = 50) -> float:
     """``vllm:num_requests_running`` of replica ``i`` once it is >= 1, or its last value after
-    ``polls`` reads 0.1 s apart: the gauge is written by vLLM's stat logger, which can trail the
-    tokens already streamed by a step (seen once in CI: 0 after 20 tokens of a 3,000-token run)."""
+    ``polls`` reads 0.1 s apart (the gauge is written once per engine step)."""
     running = fleet.metrics(i).get("vllm:num_requests_running", 0)
     for _ in range(polls):
         if running >= 1:
@@ -69,7 +68,11 @@ def test_client_disconnect_aborts_generation(
         assert resp.status_code == 200
         i = fleet.names.index(resp.headers["x-prefix-router-replica"])
         received = 0  # chunks carrying generated text: each is at least one token
-        for line in resp.iter_lines():
+        # Held in a name: a `break` out of a bare `resp.iter_lines()` finalises the generator
+        # chain, and httpcore closes the connection on that — the client would have left before
+        # the running check below (seen in CI: running 0 after 20 tokens, abort already done).
+        lines = resp.iter_lines()
+        for line in lines:
             if line.startswith("data:") and line[5:].strip() != "[DONE]":
                 choice = json.loads(line[5:])["choices"][0]
                 received += bool(choice.get("text") or (choice.get("delta") or {}).get("content"))
