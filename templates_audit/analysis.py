@@ -424,11 +424,11 @@ class Auditor:
         span_tokens = (tpl.token_at(st.ref_end) - first
                        if st.ref_end > st.ref_start and kind not in _SPAN_RECOVERED else 0)
         static_tokens = len(tpl.static_ids)
-        lost = max(0, (static_tokens - span_tokens) // bs - first // bs) * bs
+        lost = _full_blocks(first, static_tokens - span_tokens, bs)
         if not (lost >= bs or kind in _MEANINGFUL_KINDS or st.injected):
             return None
         before = text[max(0, st.ref_start - CONTEXT_CHARS):st.ref_start]
-        examples = tuple(redact(v, kind) if self.redact_values else v for v in st.examples)
+        examples = self._examples(st.examples, kind)
         return Finding(
             template=tpl.id,
             kind=kind,
@@ -447,15 +447,18 @@ class Auditor:
             char_end=st.ref_end,
         )
 
+    def _examples(self, values: list[str], kind: str) -> tuple[str, ...]:
+        return tuple(redact(v, kind) for v in values) if self.redact_values else tuple(values)
+
     def _history_finding(self, tpl: TemplateState, hs: HistoryState) -> Finding:
         bs = self.block_size
         first = len(tpl.static_ids) + hs.lead_tokens
         end = len(tpl.static_ids) + len(hs.ids)
-        lost = max(0, end // bs - first // bs) * bs
+        lost = _full_blocks(first, end, bs)
         role = Role.ASSISTANT if hs.role == "assistant" else Role.USER
         before = (tpl.static_text + hs.lead)[-CONTEXT_CHARS:]
         kind = "reordered_block"
-        examples = tuple(redact(v, kind) if self.redact_values else v for v in hs.examples)
+        examples = self._examples(hs.examples, kind)
         start = len(tpl.static_text) + len(hs.lead)
         return Finding(
             template=tpl.id, kind=kind, role=role, first_token=first, block=first // bs,
@@ -465,6 +468,11 @@ class Auditor:
             before=before, after="", distinct_values_capped=hs.capped,
             char_start=start, char_end=start + len(hs.text),
         )
+
+
+def _full_blocks(first: int, end: int, bs: int) -> int:
+    """Tokens of the full blocks from the one holding token ``first`` up to token ``end``."""
+    return max(0, end // bs - first // bs) * bs
 
 
 def _chain(before: list[int], ids: list[int], bs: int) -> list[int]:

@@ -55,21 +55,23 @@ class SpanStats:
         self.injected |= other.injected
         self.capped |= other.capped
         for h in other.values:
-            if len(self.values) >= MAX_DISTINCT:
-                self.capped = True
-                break
-            self.values.add(h)
+            self._keep(h)
         self.examples += other.examples[:MAX_EXAMPLES - len(self.examples)]
 
     def add_value(self, value: str) -> None:
-        h = xxhash.xxh3_64_intdigest(value.encode("utf-8", "surrogatepass"))
-        if h not in self.values:
-            if len(self.values) >= MAX_DISTINCT:
-                self.capped = True
-            else:
-                self.values.add(h)
-                if len(self.examples) < MAX_EXAMPLES:
-                    self.examples.append(value)
+        if self._keep(xxhash.xxh3_64_intdigest(value.encode("utf-8", "surrogatepass"))) and (
+                len(self.examples) < MAX_EXAMPLES):
+            self.examples.append(value)
+
+    def _keep(self, h: int) -> bool:
+        """Count value hash ``h``; True when it is new and kept (beyond MAX_DISTINCT: capped)."""
+        if h in self.values:
+            return False
+        if len(self.values) >= MAX_DISTINCT:
+            self.capped = True
+            return False
+        self.values.add(h)
+        return True
 
 
 @dataclass(eq=False)

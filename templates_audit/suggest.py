@@ -31,18 +31,22 @@ def _where(role: Role) -> str:
     return "to the end of the system message or into the user turn"
 
 
-def suggestion(kind: str, role: Role, before: str, tokens_lost: float) -> str:
+def _gain(tokens_lost: float, what: str = "static tokens after it") -> str:
     gain = round(tokens_lost)
-    tail = (f"; the {gain:,} static tokens after it become cacheable" if gain > 0
+    return (f"; the {gain:,} {what} become cacheable" if gain > 0
             else "; it costs less than one KV block today, but keep volatile values last")
+
+
+def suggestion(kind: str, role: Role, before: str, tokens_lost: float) -> str:
+    tail = _gain(tokens_lost)
     name = f"`{lead_in(before)}…`" if lead_in(before) else "the volatile value"
     if kind == "secret":
         return ("remove credentials from prompts — they leak into logs and caches; "
                 "pass them to tools server-side" + tail)
     if kind == "reordered_block" and role in (Role.USER, Role.ASSISTANT):
         return ("send the few-shot example turns in one fixed order (shuffle them once, not per "
-                "request)" + tail.replace("static tokens after it", "tokens of examples"))
-    from_it = tail.replace("static tokens after it", "static tokens from it on")
+                "request)" + _gain(tokens_lost, "tokens of examples"))
+    from_it = _gain(tokens_lost, "static tokens from it on")  # the block itself is fixed too
     if kind == "reordered_block" and role is Role.TOOLS:
         return "send the tools in one fixed order (e.g. sorted by name)" + from_it
     if kind == "reordered_block":
