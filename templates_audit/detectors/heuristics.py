@@ -70,7 +70,7 @@ def is_sequential(digits: str) -> bool:
     return len(steps) == 1 and steps <= {0, 1, 9}
 
 
-_PHONE_CUE = re.compile(r"(?i)(?:phone|tel|fax|call|mobile|whatsapp|sms)\b[^\n]{0,16}$")
+_PHONE_CUE = re.compile(r"(?i)\b(?:phone|tel|fax|call|mobile|whatsapp|sms)\b[^\n]{0,16}$")
 _ID_CUE = re.compile(
     r"(?i)(?:\b(?:id|user|order|account|ticket|session|request|customer|invoice|case|no\.?"
     r"|number)\b\s*(?:#|:|=|is)?\s*#?|#)$"
