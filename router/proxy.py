@@ -57,6 +57,11 @@ from router.metrics import RouterMetrics
 from router.replicas import ReplicaSet, ReplicaState
 from router.settings import ProxySettings
 
+__all__ = [
+    "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog", "REPLICA_HEADER",
+    "RETRY_STATUSES", "Upstream", "make_session", "strip_hop_by_hop"
+]
+
 HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate",
                         b"proxy-authorization", b"proxy-connection", b"te", b"trailer",
                         b"transfer-encoding", b"upgrade"})
