@@ -1,7 +1,8 @@
 """One JSON line per proxied request, written to stdout in batches.
 
 Fields: method, path (without the query string), status, replica, branch, key_source, attempts,
-ttfb_ms, duration_ms, bytes_in, bytes_out. Never the body, prompt text, headers or tokens: the
+ttfb_ms, duration_ms, bytes_in, bytes_out, model (the metric label: a served model's name or
+``unknown``, never the client's string as such). Never the body, prompt text, headers or tokens: the
 record type has no field that could hold them. Status 499 marks a client that went away.
 
 Cost: the access log is on every request's path, so it does not go through `logging` (a
@@ -45,6 +46,7 @@ class AccessRecord:
     duration_ms: float = 0.0
     bytes_in: int = 0
     bytes_out: int = 0
+    model: str = "unknown"
 
 
 def encode(record: AccessRecord) -> str:
@@ -54,7 +56,7 @@ def encode(record: AccessRecord) -> str:
         "replica": record.replica, "branch": record.branch, "key_source": record.key_source,
         "attempts": record.attempts, "ttfb_ms": record.ttfb_ms,
         "duration_ms": record.duration_ms, "bytes_in": record.bytes_in,
-        "bytes_out": record.bytes_out})
+        "bytes_out": record.bytes_out, "model": record.model})
 
 
 def _stdout() -> TextIO:

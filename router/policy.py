@@ -93,6 +93,7 @@ class Branch(StrEnum):
     FALLBACK = "fallback"
     ROUND_ROBIN = "round_robin"
     LEAST_LOADED = "least_loaded"
+    LORA_AFFINITY = "lora_affinity"  # router.models.lora_affinity moved it to its adapter
 
 
 @dataclass(frozen=True)

@@ -173,12 +173,20 @@ class ReplicaSpec:
     name: str
     url: str
     weight: int = 1
+    # the model names (base models, LoRA adapters) the replica serves; None: learn them from
+    # its /v1/models
+    models: tuple[str, ...] | None = None
 
     @classmethod
     def parse(cls, r: _Reader) -> ReplicaSpec:
         name: str = r.check("name", None, "a replica name ([A-Za-z0-9_.:-], <= 63 chars)",
                        lambda v: isinstance(v, str) and bool(_NAME.match(v)))
-        return cls(name=name, url=_url(r, "url"), weight=r.integer("weight", 1, 1, 1000))
+        models = r.check("models", None, "a non-empty list of model names or null",
+                         lambda v: v is None or (isinstance(v, list | tuple) and bool(v) and all(
+                             isinstance(m, str) and m for m in v)),
+                         lambda v: None if v is None else tuple(v))
+        return cls(name=name, url=_url(r, "url"), weight=r.integer("weight", 1, 1, 1000),
+                   models=models)
 
 
 @dataclass(frozen=True)

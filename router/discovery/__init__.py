@@ -32,7 +32,8 @@ def make_discovery(settings: Any) -> Discovery:
     kind = getattr(disc, "type", "static") or "static"
     if kind == "static":
         return StaticDiscovery(
-            Endpoint(name=r.name, url=r.url, weight=getattr(r, "weight", 1))
+            Endpoint(name=r.name, url=r.url, weight=getattr(r, "weight", 1),
+                     models=getattr(r, "models", None))
             for r in getattr(settings, "replicas", ()) or ())
     if kind == "dns":
         d = disc.dns  # type: ignore[union-attr]

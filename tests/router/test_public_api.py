@@ -50,16 +50,20 @@ PINNED: dict[str, list[str]] = {
     ],
     "router.discovery.static": ["StaticDiscovery"],
     "router.errors": [
-        "InvalidRequest", "NoReplicaAvailable", "NotFound", "PayloadTooLarge", "RouterError",
-        "StreamCancelled", "TooManyRequests", "Unauthorized", "UpstreamConnectError",
+        "InvalidRequest", "ModelNotFound", "NoReplicaAvailable", "NotFound", "PayloadTooLarge",
+        "RouterError", "StreamCancelled", "TooManyRequests", "Unauthorized", "UpstreamConnectError",
         "UpstreamError", "UpstreamTimeout", "error_body", "sse_error_event", "translate_upstream"
     ],
     "router.health": [
-        "HealthMonitor", "KV_USAGE", "RUNNING", "Replica", "Replicas", "VllmLoad", "WAITING",
-        "parse_vllm_metrics"
+        "HealthMonitor", "KV_USAGE", "LoraInfo", "RUNNING", "Replica", "Replicas", "VllmLoad",
+        "WAITING", "parse_lora_info", "parse_vllm_metrics"
     ],
     "router.metrics": [
         "DURATION_BUCKETS", "DistinctKeys", "REPLICA_STATES", "RouterMetrics", "TTFB_BUCKETS"
+    ],
+    "router.models": [
+        "Pool", "PoolStatus", "ServedModels", "UNKNOWN", "catalog", "lora_affinity",
+        "model_label", "select_pool", "served_models"
     ],
     "router.nginx_config": [
         "NginxOptions", "TEMPLATE_PATH", "UpstreamServer", "render", "render_config"
