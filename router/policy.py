@@ -81,7 +81,7 @@ __all__ = [
     "make_policy",
 ]
 
-POLICIES = ("prefix", "round_robin", "least_loaded")
+POLICIES = ("prefix", "cache_aware", "round_robin", "least_loaded")
 
 
 class Branch(StrEnum):
@@ -92,6 +92,7 @@ class Branch(StrEnum):
     FALLBACK = "fallback"
     ROUND_ROBIN = "round_robin"
     LEAST_LOADED = "least_loaded"
+    CACHE_HIT = "cache_hit"
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class Decision:
     branch: Branch
     candidates: tuple[str, ...]  # candidates[0] == replica; then the retry order
     home: str | None = None  # the key's home replica (differs from replica on spill/fallback)
+    predicted: int = 0  # prompt tokens the prefix index predicts the replica has cached
 
 
 class Policy(Protocol):
