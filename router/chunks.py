@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 import xxhash
 
-__all__ = ["MAX_CHUNKS", "MESSAGE_TOKENS", "Chunks", "request_chunks"]
+__all__ = ["MAX_CHUNKS", "MESSAGE_TOKENS", "NO_CHUNKS", "Chunks", "request_chunks"]
 
 MAX_CHUNKS = 1024
 MESSAGE_TOKENS = 4  # role header and end marker of one message in a chat template

@@ -42,6 +42,10 @@ from router.settings import (
     write_settings_file,
 )
 
+__all__ = [
+    "Demo", "DemoFactory", "add_listen_flags", "add_replica_flags", "build_parser", "main", "serve"
+]
+
 PROG = "prefix-router"
 
 

@@ -35,6 +35,11 @@ import aiohttp
 from router.metrics import RouterMetrics
 from router.settings import HealthSettings, ScrapeSettings
 
+__all__ = [
+    "CACHE_CONFIG", "HealthMonitor", "KV_USAGE", "RUNNING", "Replica", "Replicas", "VllmLoad",
+    "WAITING", "kv_capacity_tokens", "parse_vllm_metrics"
+]
+
 log = logging.getLogger("prefix_router.health")
 
 RUNNING = "vllm:num_requests_running"

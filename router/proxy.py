@@ -75,6 +75,11 @@ class Attempts(Protocol):
         """The attempt on ``replica`` is over, however it ended (after `started`)."""
 
 
+__all__ = [
+    "Attempts", "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog", "REPLICA_HEADER",
+    "RETRY_STATUSES", "Upstream", "make_session", "strip_hop_by_hop"
+]
+
 HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate",
                         b"proxy-authorization", b"proxy-connection", b"te", b"trailer",
                         b"transfer-encoding", b"upgrade"})
