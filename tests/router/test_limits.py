@@ -403,3 +403,23 @@ def test_the_guard_is_found_through_uvicorn_middlewares() -> None:
             LimitedHttpToolsProtocol(config, ServerState(), {}, _loop=loop)
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize(("soft", "hard", "set_to", "warns"), [
+    (1024, 1_000_000, 4096 + 1024 + 256, False),   # raised to what the caps need
+    (1024, 2048, 2048, True),                       # only up to the hard limit, with a warning
+    (100_000, 1_000_000, None, False),              # already enough: left alone
+])
+def test_ensure_descriptors(monkeypatch: pytest.MonkeyPatch, soft: int, hard: int,
+                            set_to: int | None, warns: bool) -> None:
+    from router import limits
+    from router.settings import Settings
+
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(limits.resource, "getrlimit", lambda _: (soft, hard))
+    monkeypatch.setattr(limits.resource, "setrlimit", lambda _, v: calls.append(v))
+    warning = limits.ensure_descriptors(Settings())
+    assert calls == ([] if set_to is None else [(set_to, hard)])
+    assert (warning is not None) is warns
+    if warns:
+        assert "max_connections" in str(warning)
