@@ -9,6 +9,10 @@ For every workload and every setup, in that order:
    the runner, scraping every replica before and after;
 4. stop the setup, then the fleet (by PID).
 
+Each workload also gets its one-cache ceiling (`loadtest.ceiling.fleet_ceiling`: the same
+requests through one cache of the fleet's total KV capacity), the best hit rate any router could
+reach on that fleet.
+
 A setup whose software is missing is skipped with its reason; one that fails to start or crashes
 is reported as failed and the comparison goes on. Output: a markdown table per workload
 (`loadtest.report.compare_markdown`), JSON (summaries plus the raw TTFT samples the CDF plots
@@ -38,6 +42,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from loadtest.ceiling import fleet_ceiling
 from loadtest.fleet import Fleet, FleetError
 from loadtest.runner import Plan, RunResult, add_workload_arguments, run, workload_spec
 from loadtest.setups import Setup, SetupError, launch, parse_setup, tiny_tokenizer_dir
@@ -177,6 +182,10 @@ def compare(workloads: dict[str, tuple[list[Request], dict[str, Any]]], setups: 
     for wl_name, (requests, meta) in workloads.items():
         block: dict[str, Any] = {"workload": meta, "setups": {}, "ttft": {}, "per_replica": {},
                                  "skipped": {}, "failed": {}}
+        sent = requests[: plan.max_requests] if plan.max_requests is not None else requests
+        block["ceiling"] = fleet_ceiling(sent, fleet_params.replicas, fleet_params.kv_blocks,
+                                         fleet_params.block_size).to_json()
+        log(f"[{wl_name}] one-cache ceiling: hit {block['ceiling']['hit_rate']:.3f}")
         out["workloads"][wl_name] = block
         for setup in setups:
             reason = setup.unavailable()

@@ -110,9 +110,21 @@ def compare_markdown(results: Mapping[str, Any]) -> str:
         meta = block.get("workload") or {}
         if meta:
             out.append(", ".join(f"{k}={v}" for k, v in meta.items() if k != "name") + "\n")
+        ceiling = _num((block.get("ceiling") or {}).get("hit_rate"))
         rows = [compare_row(name, s) for name, s in block.get("setups", {}).items()]
+        header = list(COMPARE_HEADER)
+        if ceiling is not None:
+            header.insert(2, "÷ ceiling")
+            for row, s in zip(rows, block.get("setups", {}).values(), strict=True):
+                hit = _num(s.get("hit_rate"))
+                row.insert(2, fmt(hit / ceiling if hit is not None and ceiling else None))
         out.append("TTFT/E2E in ms.\n")
-        out.append(table(COMPARE_HEADER, rows))
+        out.append(table(header, rows))
+        if ceiling is not None:
+            c = block["ceiling"]
+            out.append(f"One-cache ceiling (the same {c.get('requests')} requests through one "
+                       f"cache of {c.get('num_blocks')} blocks, the fleet's total): hit rate "
+                       f"{pct(ceiling)}.\n")
         decided = {name: s["router_branches"] for name, s in block.get("setups", {}).items()
                    if s.get("router_branches")}
         if decided:

@@ -14,6 +14,9 @@ engine and wakes it if idle. A *step end* applies the engine step that was plann
 (tokens produced, blocks cached, requests finished), records TTFT/latency, and plans the next step
 at once if work remains — exactly what the replica's asyncio loop does, minus the sleep.
 
+Each result carries the one-cache ceiling of its requests (`ceiling`, `SimResult.of_ceiling`):
+the same prompts through one cache of the whole fleet's capacity, the best any policy could hit.
+
 Inputs: a Mooncake-format trace (``--trace``: timestamps in ms, input/output lengths, 512-token
 block hash ids -> token ids generated per block id, no text) or a named workload
 (``--workload``). Cost: O(steps x running batch) Python work; arrivals O(N) for the load refresh.
@@ -31,7 +34,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from loadtest.replica.engine import Engine, EngineLimits, EngineRequest
+from loadtest.ceiling import Ceiling, fits, replay
+from loadtest.replica.engine import Engine, EngineError, EngineLimits, EngineRequest
 from loadtest.replica.timing import TimingModel
 from loadtest.stats import max_over_mean, summarize
 from router.affinity import Affinities
@@ -40,7 +44,8 @@ from router.policy import BoundedLoadPrefixPolicy, make_policy
 from router.replicas import ReplicaSet, ReplicaState
 from templates_audit.blocks import block_hashes
 
-__all__ = ["SimConfig", "SimRequest", "SimResult", "add_arguments", "main", "mooncake_requests", "simulate"]
+__all__ = ["SimConfig", "SimRequest", "SimResult", "add_arguments", "ceiling", "main",
+           "mooncake_requests", "simulate"]
 
 
 @dataclass(frozen=True)
@@ -82,9 +87,35 @@ class SimResult:
     load_max_over_mean: float
     branches: dict[str, int]
     preemptions: int
+    ceiling: dict[str, Any] = field(default_factory=dict)  # `ceiling(requests, config)`
+    rejected: int = 0  # requests longer than a replica's KV pool (a replica answers 400)
+
+    @property
+    def of_ceiling(self) -> float:
+        """This run's hit rate over the one-cache ceiling's."""
+        c = self.ceiling.get("hit_rate")
+        return self.hit_rate / c if c else float("nan")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _hashes(req: SimRequest, block_size: int) -> Sequence[int]:
+    hashes = req.prompt_hashes
+    if hashes is not None and len(hashes) * block_size <= len(req.prompt_ids):
+        return hashes
+    return block_hashes(req.prompt_ids, block_size)  # none, or precomputed for another size
+
+
+def ceiling(requests: Sequence[SimRequest], config: SimConfig) -> Ceiling:
+    """The one-cache ceiling of ``requests`` on ``config``'s fleet (`loadtest.ceiling`): one
+    cache of ``replicas x kv_blocks`` blocks, arrival order; requests one replica would refuse
+    are left out, as the simulation drops them."""
+    bs, kv = config.block_size, config.kv_blocks
+    prompts = ((_hashes(r, bs), len(r.prompt_ids))
+               for r in sorted(requests, key=lambda r: r.at)
+               if fits(len(r.prompt_ids), r.max_tokens, kv, bs))
+    return replay(prompts, None if kv is None else kv * config.replicas, bs)
 
 
 def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
@@ -119,6 +150,7 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
     per_replica: dict[str, int] = dict.fromkeys(names, 0)
     branches: dict[str, int] = {}
     seq_counter = itertools.count()
+    rejected = 0
     now = 0.0
     wall0 = time.perf_counter()
 
@@ -153,12 +185,14 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
             per_replica[name] += 1
             eng = engines[name]
             rid = len(arrivals)
+            try:
+                eng.submit(EngineRequest(request_id=str(rid), prompt_ids=req.prompt_ids,
+                                         max_tokens=req.max_tokens,
+                                         prompt_hashes=_hashes(req, config.block_size)))
+            except EngineError:  # too long for the replica: it answers 400, counts nothing
+                rejected += 1
+                continue
             arrivals[rid] = now
-            hashes = req.prompt_hashes
-            if hashes is not None and len(hashes) * config.block_size > len(req.prompt_ids):
-                hashes = None  # precomputed for another block size
-            eng.submit(EngineRequest(request_id=str(rid), prompt_ids=req.prompt_ids,
-                                     max_tokens=req.max_tokens, prompt_hashes=hashes))
             if not busy[name]:
                 start_step(name, now)
         else:
@@ -190,6 +224,8 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
         load_max_over_mean=max_over_mean(per_replica.values()),
         branches=branches,
         preemptions=sum(e.stats.preemptions for e in engines.values()),
+        ceiling=ceiling(requests, config).to_json(),
+        rejected=rejected,
     )
 
 
@@ -312,7 +348,7 @@ def workload_requests(name: str, requests: int, seed: int, rate: float, **kw: An
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", help="Mooncake-format JSONL (timestamp ms, input_length, output_length, hash_ids)")
-    src.add_argument("--workload", help="a named workload: shared-prefix, multi-turn, hot-prefix, volatile")
+    src.add_argument("--workload", help="a named workload: shared-prefix, multi-turn, hot-prefix, volatile, rag, agent")
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--policy", action="append", default=None,
                    help="prefix | round_robin | least_loaded (repeatable: compare several)")
@@ -350,8 +386,12 @@ def main(args: argparse.Namespace) -> int:
     else:
         reqs = workload_requests(args.workload, args.requests or 1000, args.seed, args.rate)
     results = []
-    print(f"{'policy':<14}{'requests':>9}{'hit rate':>10}{'TTFT p50':>10}{'TTFT p99':>10}"
-          f"{'max/mean':>10}{'wall s':>8}")
+    top = ceiling(reqs, SimConfig(replicas=args.replicas, block_size=args.block_size,
+                                  kv_blocks=args.kv_blocks))
+    print(f"one-cache ceiling ({top.num_blocks} blocks, {top.requests} requests): hit rate "
+          f"{top.hit_rate:.3f}")
+    print(f"{'policy':<14}{'requests':>9}{'hit rate':>10}{'÷ ceiling':>10}{'TTFT p50':>10}"
+          f"{'TTFT p99':>10}{'max/mean':>10}{'wall s':>8}")
     for pol in policies:
         cfg = SimConfig(replicas=args.replicas, policy=pol, load_factor=args.load_factor,
                         load_floor=args.load_floor, prompt_affinity=args.prompt_affinity,
@@ -359,7 +399,8 @@ def main(args: argparse.Namespace) -> int:
                         max_num_seqs=args.max_num_seqs)
         res = simulate(reqs, cfg)
         results.append(res.to_json())
-        print(f"{pol:<14}{res.requests:>9}{res.hit_rate:>10.3f}{res.ttft['p50']:>10.3f}"
+        print(f"{pol:<14}{res.requests:>9}{res.hit_rate:>10.3f}{res.of_ceiling:>10.3f}"
+              f"{res.ttft['p50']:>10.3f}"
               f"{res.ttft['p99']:>10.3f}{res.load_max_over_mean:>10.2f}{res.wall_seconds:>8.1f}")
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as fh:

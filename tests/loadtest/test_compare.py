@@ -93,6 +93,9 @@ def test_short_compare_prefix_vs_round_robin(tmp_path: Path) -> None:
     assert rr["router_branches"] == {"round_robin": 40}
     assert sum(prefix["router_branches"].values()) == 40 and "home" in prefix["router_branches"]
     assert prefix["hit_rate"] >= rr["hit_rate"]
+    # one cache of both replicas' size holds both prompts: no router can beat it here
+    assert block["ceiling"]["num_blocks"] == 260 and block["ceiling"]["requests"] == 40
+    assert prefix["hit_rate"] <= block["ceiling"]["hit_rate"] < 1.0
     json.dumps(res)  # JSON-ready as returned
 
     from loadtest.plots import compare_plots

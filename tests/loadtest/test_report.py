@@ -122,6 +122,17 @@ def test_compare_markdown_has_a_row_per_setup_and_the_skips() -> None:
     assert "**vllm-cache_aware** skipped: vllm-router is not installed" in md
 
 
+def test_compare_markdown_shows_the_ceiling_and_each_setup_against_it() -> None:
+    results = _compare_results()
+    results["workloads"]["shared-prefix"]["ceiling"] = {"hit_rate": 0.95, "requests": 40,
+                                                        "num_blocks": 1536}
+    md = compare_markdown(results)
+    assert "| setup | hit rate | ÷ ceiling | TTFT p50 |" in md
+    assert "| router-prefix | 90.0% | 0.95 | 100 |" in md  # 0.90 / 0.95
+    assert "| router-round_robin | 40.0% | 0.42 |" in md
+    assert "one cache of 1536 blocks, the fleet's total): hit rate 95.0%" in md
+
+
 def test_targets() -> None:
     rows = compare_targets(_compare_results())
     assert rows == [{"workload": "shared-prefix", "hit_rate": 0.9, "load": 1.2,
