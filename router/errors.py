@@ -39,9 +39,10 @@ from types import TracebackType
 import aiohttp
 
 __all__ = [
-    "InvalidRequest", "NoReplicaAvailable", "NotFound", "PayloadTooLarge", "RouterError",
-    "StreamCancelled", "TooManyRequests", "Unauthorized", "UpstreamConnectError", "UpstreamError",
-    "UpstreamTimeout", "error_body", "sse_error_event", "translate_upstream"
+    "HeaderFieldsTooLarge", "InvalidRequest", "NoReplicaAvailable", "NotFound", "PayloadTooLarge",
+    "RequestTimeout", "RouterError", "StreamCancelled", "TooManyConnections", "TooManyRequests",
+    "Unauthorized", "UpstreamConnectError", "UpstreamError", "UpstreamTimeout", "UriTooLong",
+    "error_body", "raw_response", "sse_error_event", "translate_upstream"
 ]
 
 

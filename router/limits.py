@@ -75,7 +75,7 @@ from router.metrics import RouterMetrics
 from router.settings import LimitsSettings, Settings
 
 __all__ = ["HTTP_PROTOCOL", "LINGER", "ConnectionGuard", "LimitedHttpToolsProtocol",
-           "Rejection", "body_deadline", "ensure_descriptors", "refused_by"]
+           "Rejection", "body_deadline", "ensure_descriptors", "header_bytes", "refused_by"]
 
 HTTP_PROTOCOL = "router.limits:LimitedHttpToolsProtocol"
 LINGER = 1.0            # seconds a rejected connection is read (and dropped) before it closes

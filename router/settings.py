@@ -28,7 +28,8 @@ import yaml
 
 __all__ = [
     "AdminSettings", "AuthSettings", "DISCOVERY_TYPES", "DiscoverySettings", "DnsDiscovery",
-    "HealthSettings", "KubernetesDiscovery", "LOG_LEVELS", "Listen", "LoggingSettings", "POLICIES",
+    "HealthSettings", "KubernetesDiscovery", "LOG_LEVELS", "LimitsSettings", "Listen",
+    "LoggingSettings", "POLICIES",
     "ProxySettings", "RINGS", "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV",
     "ScrapeSettings", "Settings", "SettingsError", "ShutdownSettings", "load_settings",
     "parse_backend", "parse_size", "settings_from_env", "write_settings_file"
