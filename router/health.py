@@ -9,8 +9,8 @@ re-ejection (flapping) and only resets once the replica stayed admitted for `rea
 
 Models: a probe that succeeded also reads the replica's `GET /v1/models` (with the upstream key)
 into `ReplicaState.models`/`parents` (`router.models.served_models`); a failed or malformed
-answer keeps the last known list. A list fixed by config or discovery keeps its names (only the
-adapters' parents are learned). A change calls `on_change`.
+answer keeps the last known list. A list fixed by config or discovery keeps its names and gains
+only the adapters whose parent it names. A change calls `on_change`.
 
 Scrape: `GET /metrics` of each replica every `scrape.interval`; `vllm:num_requests_running` and
 `vllm:num_requests_waiting` are summed over label sets, `vllm:kv_cache_usage_perc` (or the older
@@ -68,7 +68,7 @@ class Replica(Protocol):
     kv_capacity: int
     models: frozenset[str] | None
     parents: Mapping[str, str]
-    models_fixed: bool
+    fixed_models: frozenset[str] | None
     lora_running: frozenset[str]
     lora_waiting: frozenset[str]
     max_lora: int
@@ -276,7 +276,9 @@ class HealthMonitor:
             return False
         if served is None:
             return False
-        names = replica.models if replica.models_fixed else served.names
+        fixed = replica.fixed_models
+        names = served.names if fixed is None else fixed | {
+            a for a, base in served.parents.items() if base in fixed}
         if names == replica.models and served.parents == replica.parents:
             return False
         replica.models, replica.parents = names, served.parents

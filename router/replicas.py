@@ -4,7 +4,8 @@
 flips ``healthy``, the scraper writes the ``vllm:*`` gauges, and membership updates own
 ``draining`` (endpoint not ready or terminating). The policy only reads it. ``models`` is what
 the replica serves (`router.models`): from the endpoint when discovery or config names it
-(``models_fixed``), else learned by the health probes from ``/v1/models``.
+(``fixed_models``, plus the adapters of those the probes learn), else learned by the health
+probes from ``/v1/models``.
 
 :class:`ReplicaSet` maps names to states and owns the hash ring. Invariants:
 - the ring contains every known replica, available or not, so a replica that flaps or drains
@@ -49,7 +50,8 @@ class ReplicaState:
     # names served (base models and LoRA adapters); None while unknown (router.models)
     models: frozenset[str] | None = None
     parents: Mapping[str, str] = field(default_factory=dict)  # adapter -> base model
-    models_fixed: bool = False  # models came from config / discovery: probes do not relearn
+    # names given by config / discovery: always served; /v1/models adds only their adapters
+    fixed_models: frozenset[str] | None = None
     lora_running: frozenset[str] = frozenset()  # vllm:lora_requests_info (latest label set)
     lora_waiting: frozenset[str] = frozenset()
     max_lora: int = 0  # 0: no LoRA information
@@ -154,9 +156,10 @@ class ReplicaSet:
                 state.url, state.weight, state.draining = e.url, e.weight, draining
             fixed = getattr(e, "models", None)
             if fixed:
-                state.models, state.models_fixed = frozenset(fixed), True
-            elif state.models_fixed:  # the explicit list was removed: learn it again
-                state.models, state.models_fixed = None, False
+                if state.fixed_models != frozenset(fixed):
+                    state.models = state.fixed_models = frozenset(fixed)
+            elif state.fixed_models is not None:  # the explicit list was removed: learn it again
+                state.models = state.fixed_models = None
             states[e.name] = state
         self._states, self._ring, self._signature = states, ring, signature
         self._listed = tuple(states.values())

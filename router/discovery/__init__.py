@@ -43,5 +43,6 @@ def make_discovery(settings: Any) -> Discovery:
     if kind == "kubernetes":
         k = disc.kubernetes  # type: ignore[union-attr]
         return KubernetesDiscovery(k.namespace, k.service, k.port_name, k.scheme,
-                                   kubeconfig=k.kubeconfig)
+                                   kubeconfig=k.kubeconfig,
+                                   label_selector=getattr(k, "selector", None))
     raise ValueError(f"discovery.type: expected one of static | dns | kubernetes, got {kind!r}")

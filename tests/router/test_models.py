@@ -145,3 +145,37 @@ def test_lora_info_is_the_latest_label_set() -> None:
     assert (set(info.running), set(info.waiting), info.max_lora) == ({"sql", "chat"}, set(), 2)
     assert parse_lora_info("vllm:num_requests_running 1\n") is None
     assert parse_lora_info('vllm:lora_requests_info{max_lora="x"} nan?\n') is None
+
+
+def test_probes_learn_models_and_a_fixed_list_gains_only_its_adapters(
+        threaded_server: Any) -> None:
+    import asyncio
+
+    import aiohttp
+
+    from loadtest.replica import Replica, ReplicaConfig
+    from router.discovery import Endpoint
+    from router.health import HealthMonitor
+    from router.metrics import RouterMetrics
+    from router.replicas import ReplicaSet
+    from router.settings import HealthSettings, ScrapeSettings, Settings
+
+    url = threaded_server(Replica(ReplicaConfig(model="llama", lora=("sql",), instant=True))).url
+    rs = ReplicaSet([Endpoint("learned", url), Endpoint("fixed", url, models=("llama",)),
+                     Endpoint("wrong", url, models=("qwen",))])
+    monitor = HealthMonitor(HealthSettings(), ScrapeSettings(), rs, RouterMetrics())
+
+    async def learn() -> list[bool]:
+        async with aiohttp.ClientSession() as session:
+            return [await monitor.learn_models(session, r) for r in rs.states()]
+
+    before = {s.name: s.models for s in rs.states()}
+    assert before == {"learned": None, "fixed": {"llama"}, "wrong": {"qwen"}}
+    assert asyncio.run(learn()) == [True, True, True]  # each learned something (parents too)
+    assert asyncio.run(learn()) == [False, False, False]  # nothing new the second time
+    got = {s.name: (s.models, dict(s.parents)) for s in rs.states()}
+    assert got["learned"] == ({"llama", "sql"}, {"sql": "llama"})
+    assert got["fixed"][0] == {"llama", "sql"}  # the adapter of a fixed base model joins
+    assert got["wrong"][0] == {"qwen"}  # config wins: nothing of llama's is added
+    assert Settings.from_dict({"replicas": [{"name": "a", "url": "http://a:1",
+                                             "models": ["llama"]}]}).replicas[0].models == ("llama",)

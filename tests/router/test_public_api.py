@@ -43,7 +43,8 @@ PINNED: dict[str, list[str]] = {
         "DnsDiscovery", "Resolver", "ReverseResolver", "resolve_addresses", "reverse_name"
     ],
     "router.discovery.endpointslices": [
-        "SERVICE_NAME_LABEL", "endpoint_name", "merge_slices", "select_port", "slice_endpoints"
+        "MODEL_LABEL", "SERVICE_NAME_LABEL", "endpoint_name", "merge_slices", "select_port",
+        "slice_endpoints"
     ],
     "router.discovery.kubernetes": [
         "KubernetesDiscovery", "ResourceVersionGone", "SliceState", "WatchError"
