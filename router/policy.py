@@ -79,9 +79,10 @@ __all__ = [
     "RoundRobinPolicy",
     "load_cap",
     "make_policy",
+    "moved_decision",
 ]
 
-POLICIES = ("prefix", "round_robin", "least_loaded")
+POLICIES = ("prefix", "cache_aware", "round_robin", "least_loaded")
 
 
 class Branch(StrEnum):
@@ -92,6 +93,7 @@ class Branch(StrEnum):
     FALLBACK = "fallback"
     ROUND_ROBIN = "round_robin"
     LEAST_LOADED = "least_loaded"
+    CACHE_HIT = "cache_hit"
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class Decision:
     branch: Branch
     candidates: tuple[str, ...]  # candidates[0] == replica; then the retry order
     home: str | None = None  # the key's home replica (differs from replica on spill/fallback)
+    predicted: int = 0  # prompt tokens the prefix index predicts the replica has cached
 
 
 class Policy(Protocol):
