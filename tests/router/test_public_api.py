@@ -73,7 +73,8 @@ PINNED: dict[str, list[str]] = {
         "model_label", "select_pool", "served_models"
     ],
     "router.nginx_config": [
-        "NginxOptions", "TEMPLATE_PATH", "UpstreamServer", "render", "render_config"
+        "ModelPool", "NginxOptions", "TEMPLATE_PATH", "UpstreamServer", "model_pools", "render",
+        "render_config"
     ],
     "router.pipeline": [
         "Candidate", "Filter", "Pipeline", "RequestView", "Scorer", "bounded_load", "cache_score",
