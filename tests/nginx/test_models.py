@@ -14,8 +14,8 @@ from router.app import create_app
 from router.client import MODEL_HEADER, routing_headers
 from router.nginx_config import render
 from router.settings import Settings
-from tests.conftest import ThreadedServer, free_port
-from tests.nginx.harness import KEY_HEADER, NginxProcess, nginx_fleet
+from tests.conftest import ThreadedServer
+from tests.nginx.harness import KEY_HEADER, nginx_fleet, ring_parity_setup
 
 pytestmark = pytest.mark.nginx
 
@@ -53,16 +53,7 @@ def answer(port: int, headers: dict[str, str]) -> tuple[int, dict[str, object]]:
 def test_router_and_nginx_agree_per_model(tmp_path: Path) -> None:
     keys = [f"model-key-{i}" for i in range(150)]
     with nginx_fleet(tmp_path / "backends", [1, 1, 2, 1]) as replicas:
-        settings = Settings.from_dict({
-            "replicas": [{"name": n, "url": u, "weight": w, "models": SERVES[n]}
-                         for n, u, w in replicas],
-            "routing": {"ring": "nginx"},
-            "scrape": {"enabled": False},
-            "health": {"interval": 60.0},
-        })
-        port = free_port()
-        nginx = NginxProcess(tmp_path / "front", render(settings, listen=f"127.0.0.1:{port}",
-                                                        standalone=True), port).start()
+        settings, nginx = ring_parity_setup(tmp_path / "front", replicas, SERVES)
         try:
             with ThreadedServer(create_app(settings)) as router:
                 via_router = {m: placements(router.port, m, keys) for m in ("llama", "qwen", "sql")}
