@@ -139,8 +139,7 @@ class Router:
                  (home_score, settings.home_weight)],
                 settings.min_match_tokens)
         else:
-            self.policy = make_policy(settings.policy, settings.load_factor,
-                                      load_floor=settings.load_floor)
+            self.policy = make_policy(settings.policy, settings.load_factor, settings.load_floor)
             if isinstance(self.policy, BoundedLoadPrefixPolicy):
                 self.affinity = Affinities(self.policy.bound, prompt=settings.prompt_affinity)
         self.in_flight = InFlight()
