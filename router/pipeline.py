@@ -48,8 +48,7 @@ operations each), plus a sort of N for the retry order.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from router.keys import KeySource, RoutingKey
 from router.policy import Branch, Decision, LoadBound
@@ -69,15 +68,13 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class RequestView:
+class RequestView(NamedTuple):  # NamedTuples: built per request, cheaper than frozen dataclasses
     key: RoutingKey
     prompt_tokens: int  # estimated tokens of the whole prompt
     placed: bool = True  # the candidates carry a ring rank (a routing key exists)
 
 
-@dataclass(frozen=True)
-class Candidate:
+class Candidate(NamedTuple):
     state: ReplicaState
     cached: int  # tokens of this request the index predicts the replica holds
     queued: float  # work already queued on the replica, in prefill tokens (`queued_work`)
@@ -114,9 +111,13 @@ def bounded_load(bound: LoadBound) -> Filter:
     """The candidates under the bounded-load cap, over all available replicas' loads."""
 
     def keep(req: RequestView, candidates: list[Candidate]) -> list[Candidate]:
-        total = sum(c.state.load() for c in candidates)
+        loads = [c.state.load() for c in candidates]
+        total = sum(loads)
         weight = sum(c.state.weight for c in candidates)
-        return [c for c in candidates if c.state.load() < bound.cap(c.state, total, weight)]
+        cap = bound.cap
+        kept = [c for c, load in zip(candidates, loads, strict=True)
+                if load < cap(c.state, total, weight)]
+        return kept if len(kept) < len(candidates) else candidates
 
     return keep
 
@@ -159,16 +160,24 @@ class Pipeline:
         if scale <= 0:
             scale = 1.0
         scorers = self.scorers
-        scored = sorted(((sum(w * s(req, c, scale, fleet) for s, w in scorers), -c.rank, c)
-                         for c in kept), key=lambda t: (t[0], t[1]), reverse=True)
-        ranked = [c for _, _, c in scored]
+        scored = []
+        top_cached = 0
+        for i, c in enumerate(kept):
+            value = 0.0
+            for scorer, weight in scorers:
+                value += weight * scorer(req, c, scale, fleet)
+            scored.append((value, -c.rank, -i))
+            if c.cached > top_cached:
+                top_cached = c.cached
+        order = sorted(range(len(kept)), key=scored.__getitem__, reverse=True)
+        ranked = [kept[i] for i in order]
         best = ranked[0]
-        top_cached = max(c.cached for c in kept)
-        if best.cached >= max(1, self.min_match_tokens) and best.cached >= top_cached:
+        floor = max(1, self.min_match_tokens)
+        if best.cached >= floor and best.cached >= top_cached:
             branch = Branch.CACHE_HIT
         elif best.rank == 0 and req.placed:
             branch = _HOME_BRANCH.get(req.key.source, Branch.HOME)
-        elif not req.placed and top_cached < max(1, self.min_match_tokens):
+        elif not req.placed and top_cached < floor:
             branch = Branch.LEAST_LOADED
         else:
             branch = Branch.SPILL
@@ -177,8 +186,14 @@ class Pipeline:
 
 def _decision(ranked: list[Candidate], branch: Branch, everyone: list[Candidate]) -> Decision:
     """The pick, then the rest of ``ranked``, then any filtered-out candidate by ring rank."""
-    order = [c.name for c in ranked]
-    seen = set(order)
-    order += [c.name for c in sorted(everyone, key=lambda c: c.rank) if c.name not in seen]
-    home = next((c.name for c in everyone if c.rank == 0), None)
+    order = [c.state.name for c in ranked]
+    if len(ranked) < len(everyone):
+        seen = set(order)
+        order += [c.state.name for c in sorted(everyone, key=lambda c: c.rank)
+                  if c.state.name not in seen]
+    home = None
+    for c in everyone:
+        if c.rank == 0:
+            home = c.state.name
+            break
     return Decision(order[0], branch, tuple(order), home, ranked[0].cached)
