@@ -57,6 +57,8 @@ class Replica(Protocol):
     waiting: float
     kv_usage: float
     kv_capacity: int
+    unstarted: int
+    scraped_unstarted: int
 
 
 class Replicas(Protocol):
@@ -245,6 +247,7 @@ class HealthMonitor:
                     load = parse_vllm_metrics(await r.text())
         replica.running, replica.waiting = load.running, load.waiting
         replica.kv_usage = load.kv_usage
+        replica.scraped_unstarted = replica.unstarted
         if load.kv_capacity:  # a failed scrape keeps the last known capacity
             replica.kv_capacity = load.kv_capacity
         self.metrics.scraped_load(replica.name, load.running, load.waiting, load.kv_usage)

@@ -37,7 +37,8 @@ Queued work of a replica (`queued_work`), in prefill tokens: the predicted uncac
 this router's requests on it that have not produced a first byte yet, plus ``decode_tokens``
 per request in flight there (this router's, or the scraped running + waiting, whichever is
 larger), plus the scraped waiting requests this router did not send, each costing the average
-prefill, plus - above ``kv_high`` KV-cache usage - up to one more prompt of this size, since a
+prefill (the waiting count minus this router's unanswered requests there at the time of the
+scrape), plus - above ``kv_high`` KV-cache usage - up to one more prompt of this size, since a
 new sequence there waits for blocks or preempts one.
 
 Invariant: whenever some available replica is under the bounded-load cap, the pick is under
@@ -126,7 +127,7 @@ def queued_work(r: ReplicaState, prompt_tokens: int, decode_tokens: float, mean_
                 kv_high: float) -> float:
     """Prefill-token cost of the work waiting on ``r`` before a new request (module docstring)."""
     work = r.pending_prefill + decode_tokens * r.load()
-    others = r.waiting - r.unstarted
+    others = r.waiting - r.scraped_unstarted  # the scrape is up to an interval old
     if others > 0:
         work += others * mean_prefill
     if r.kv_usage > kv_high:

@@ -44,6 +44,7 @@ class ReplicaState:
     # prompt tokens they are predicted to prefill there (written by the proxy's outcome hooks)
     unstarted: int = 0
     pending_prefill: float = 0.0
+    scraped_unstarted: int = 0  # `unstarted` when `waiting` was scraped: ours among the waiting
 
     def __post_init__(self) -> None:
         if self.weight < 1:

@@ -186,6 +186,11 @@ class Router:
         if cold_key is not None:
             names = {r.name for r in available}
             walk = [n for n in self.replicas.ring.walk(cold_key) if n in names]
+            if not scored and cached:
+                # a new conversation behind a known preamble: onto the replica that took the
+                # least new content lately (the least eviction pressure), ring order on ties
+                index = self.index
+                walk.sort(key=lambda n: index.inserted(n))
             rank = {n: i for i, n in enumerate(walk)}
         mean = self._mean_prefill
         candidates = [Candidate(r, scored.get(r.name, 0),

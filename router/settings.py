@@ -246,7 +246,7 @@ class RoutingSettings:
     session_header: str = "X-Session-ID"
     prompt_affinity: bool = True
     # cache_aware (router/pipeline.py): scorer weights, the cost model, the prefix index
-    cache_weight: float = 1.0
+    cache_weight: float = 4.0
     load_weight: float = 1.0
     home_weight: float = 0.1
     decode_tokens: float = 32.0
