@@ -17,8 +17,10 @@ for this request, the work already queued on it, its rank on the key's ring walk
    - ``home``: 2^-rank on the consistent-hash walk of the key's static prefix: 1 for the home.
    With equal cache and load weights, ``cache + load`` is ``2 - (prompt - cached + queued) / T``:
    the best replica is the one where this request's prefill plus the queue ahead of it is
-   smallest, as in Dynamo's KV router. A hot prompt therefore stays on the replicas that hold
-   it until queueing there costs more than one cold prefill elsewhere, then replicates.
+   smallest, as in Dynamo's KV router; a larger cache weight also charges a cold prefill for
+   the work it queues ahead of later requests. A hot prompt therefore stays on the replicas
+   that hold it until queueing there costs more than ``cache_weight / load_weight`` cold
+   prefills elsewhere, then replicates.
    ``home`` is the tie-breaker: when nothing is cached and loads are equal the key's ring home
    wins, so router processes with no shared state place a new prefix on the same replica and
    ``ring: nginx`` parity holds for cold keys.
