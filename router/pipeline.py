@@ -6,7 +6,8 @@ for this request, the work already queued on it, its rank on the key's ring walk
 
 1. **Filters** (`Filter`: candidates -> candidates, in order). `bounded_load` keeps the
    replicas under the bounded-load cap of `router.policy.LoadBound` (requests in flight,
-   ``load_factor`` x the average, never below ``load_floor``). Further filters (a model or LoRA
+   ``load_factor`` x the average, never below ``cache_load_floor``: the cost model moves load
+   long before that; the cap is the safety net). Further filters (a model or LoRA
    pool) plug in the same way. Nothing left -> the least loaded available replica, branch
    ``fallback``.
 2. **Scorers** (`Scorer`: pure, returns [0, 1]) on a common scale ``T = prompt tokens + the

@@ -125,7 +125,8 @@ class Router:
         self.settings = settings
         self.replicas = replicas
         self.key_config: KeyConfig = key_config(settings)
-        self.bound = LoadBound(settings.load_factor, settings.load_floor)
+        self.bound = LoadBound(settings.load_factor, settings.cache_load_floor
+                               if settings.policy == "cache_aware" else settings.load_floor)
         self.policy: Policy | None = None
         self.pipeline: Pipeline | None = None
         self.affinity: Affinities | None = None
