@@ -11,7 +11,9 @@ Request path (plain ASGI, no middleware stack):
 
 The body is parsed once, for validation and the routing key; the raw bytes are what is sent on.
 Errors raised anywhere before the first response byte are `RouterError`s answered in one place
-(`_answer_error`) in OpenAI error format.
+(`_answer_error`) in OpenAI error format. Connection-level limits (head and body deadlines, head
+sizes, connection caps) are enforced below this app by `router.limits`, through the app's
+`connection_guard`.
 
 Lifespan: startup creates the aiohttp sessions (hot path and control plane), publishes the
 static membership at once, then starts discovery, health probes, the load scrape and the
@@ -40,7 +42,6 @@ import uvicorn
 
 from prefix_asgi import Receive, Scope, Send, send_bytes, send_json, serve_lifespan
 from router.accesslog import CLIENT_CLOSED, AccessLog, AccessRecord
-from router.affinity import Affinities
 from router.auth import ClientAuth, upstream_authorization
 from router.body import PROMPT_FIELDS, ClientGone, read_body, validate_body
 from router.discovery import Discovery, make_discovery
@@ -53,12 +54,14 @@ from router.errors import (
     error_body,
 )
 from router.health import HealthMonitor
-from router.keys import derive, key_config
+from router.limits import ConnectionGuard, refused_by
 from router.metrics import RouterMetrics
-from router.policy import BoundedLoadPrefixPolicy, Branch, make_policy
+from router.policy import Branch
 from router.proxy import Forwarder, Upstream, make_session
 from router.replicas import EndpointLike, ReplicaSet
+from router.routing import Router
 from router.settings import Settings, settings_from_env
+from router.usage import UsageTap
 
 log = logging.getLogger("prefix_router")
 
@@ -74,10 +77,10 @@ class RouterApp:
         r = settings.routing
         self.metrics = RouterMetrics()
         self.replicas = ReplicaSet((), ring_kind=r.ring, vnodes=r.virtual_nodes)
-        self.policy = make_policy(r.policy, r.load_factor, load_floor=r.load_floor)
-        self.affinity = (Affinities(self.policy.bound, prompt=r.prompt_affinity)
-                         if isinstance(self.policy, BoundedLoadPrefixPolicy) else None)
-        self.key_config = key_config(r)
+        self.router = Router(r, self.replicas)
+        self.policy = self.router.policy
+        self.affinity = self.router.affinity
+        self.key_config = self.router.key_config
         self._key_headers = (self.key_config.key_header.encode(),
                              self.key_config.session_header.encode())
         self.health = HealthMonitor(settings.health, settings.scrape, self.replicas,
@@ -93,6 +96,8 @@ class RouterApp:
         self._seq = 0
         self._open = 0
         self.access_log = AccessLog() if settings.logging.access_log else None
+        # found by the http= protocol of `prefix-router serve` (router.limits)
+        self.connection_guard = ConnectionGuard(settings.limits, self.metrics, self.access_log)
         self._metrics_here = not settings.admin.enabled
 
     # membership ------------------------------------------------------------------------------
@@ -101,7 +106,9 @@ class RouterApp:
         """Discovery callback: replace the membership (states of survivors are kept)."""
         before = {s.name for s in self.replicas.states()}
         self.replicas.update_membership(list(endpoints))
-        self.health.forget(before - {s.name for s in self.replicas.states()})
+        gone = before - {s.name for s in self.replicas.states()}
+        self.health.forget(gone)
+        self.router.forget(gone)
         self._publish_states()
 
     def _publish_states(self) -> None:
@@ -232,10 +239,12 @@ class RouterApp:
             await self._answer_error(send, err)
         except ClientGone:
             record.status = CLIENT_CLOSED
+            # a limits.* deadline ended the body: the guard answered 408 and wrote the line
+            record.limit = refused_by(scope)
         finally:
             if counted:
                 self._open -= 1
-            if self.access_log is not None:
+            if self.access_log is not None and record.limit is None:
                 record.duration_ms = round((time.perf_counter() - t0) * 1000, 3)
                 if record.ttfb_ms is not None:
                     record.ttfb_ms = round(record.ttfb_ms, 3)
@@ -253,14 +262,12 @@ class RouterApp:
         key_hdr, session_hdr = self._key_headers
         key_headers = {n.decode("latin-1"): v.decode("latin-1") for n, v in headers
                        if n == key_hdr or n == session_hdr}
-        key = derive(path, key_headers, parsed, self.key_config)
         self._seq += 1
-        states = self.replicas.states()
-        decision = self.policy.choose(key, states, self.replicas.ring, self._seq)
-        if decision is None:
+        routed = self.router.route(path, key_headers, parsed, self._seq,
+                                   UsageTap() if parsed is not None else None)
+        if routed is None:
             raise NoReplicaAvailable("no healthy replica", retry_after=self._retry_after())
-        if self.affinity is not None:
-            decision = self.affinity.apply(key, decision, states)
+        decision, key = routed.decision, routed.key
         record.branch = decision.branch.value
         record.key_source = key.source.value
         if decision.branch is Branch.SPILL:
@@ -269,8 +276,14 @@ class RouterApp:
         if ring_key is not None:
             self.metrics.observe_key(ring_key)
         assert self.forwarder is not None, "request before lifespan startup"
-        await self.forwarder.forward(scope, receive, send, body if body else None,
-                                     decision.candidates, record)
+        try:
+            await self.forwarder.forward(scope, receive, send, body if body else None,
+                                         decision.candidates, record, routed)
+        finally:
+            served = routed.served_by
+            if served is not None:
+                self.metrics.cached_tokens(served, routed.predicted,
+                                           routed.tap.usage() if routed.tap else None)
 
     def _retry_after(self) -> int:
         return max(1, round(min(self.settings.health.interval,

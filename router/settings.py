@@ -28,7 +28,8 @@ import yaml
 
 __all__ = [
     "AdminSettings", "AuthSettings", "DISCOVERY_TYPES", "DiscoverySettings", "DnsDiscovery",
-    "HealthSettings", "KubernetesDiscovery", "LOG_LEVELS", "Listen", "LoggingSettings", "POLICIES",
+    "HealthSettings", "KubernetesDiscovery", "LOG_LEVELS", "LimitsSettings", "Listen",
+    "LoggingSettings", "POLICIES",
     "ProxySettings", "RINGS", "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV",
     "ScrapeSettings", "Settings", "SettingsError", "ShutdownSettings", "load_settings",
     "parse_backend", "parse_size", "settings_from_env", "write_settings_file"
@@ -36,7 +37,7 @@ __all__ = [
 
 SETTINGS_ENV = "PREFIX_ROUTER_SETTINGS_FILE"
 
-POLICIES = ("prefix", "round_robin", "least_loaded")
+POLICIES = ("prefix", "cache_aware", "round_robin", "least_loaded")
 RINGS = ("xxhash", "nginx")
 DISCOVERY_TYPES = ("static", "dns", "kubernetes")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -245,6 +246,18 @@ class RoutingSettings:
     key_header: str = "X-Prefix-Hash"
     session_header: str = "X-Session-ID"
     prompt_affinity: bool = True
+    # cache_aware (router/pipeline.py): scorer weights, the cost model, the prefix index
+    cache_weight: float = 1.0
+    load_weight: float = 1.0
+    home_weight: float = 0.1
+    decode_tokens: float = 32.0
+    kv_high: float = 0.9
+    min_match_tokens: int = 64
+    match_threshold: float = 0.5
+    chunk_chars: int = 1024
+    chars_per_token: float = 4.0
+    kv_capacity_tokens: int = 262144
+    index_max_entries: int = 65536
 
     @classmethod
     def parse(cls, r: _Reader) -> RoutingSettings:
@@ -257,7 +270,26 @@ class RoutingSettings:
                 max_prefix_chars=r.integer("max_prefix_chars", cls.max_prefix_chars, 1),
                 key_header=r.string("key_header", cls.key_header),
                 session_header=r.string("session_header", cls.session_header),
-                prompt_affinity=r.boolean("prompt_affinity", cls.prompt_affinity))
+                prompt_affinity=r.boolean("prompt_affinity", cls.prompt_affinity),
+                cache_weight=r.number("cache_weight", cls.cache_weight, ge=0),
+                load_weight=r.number("load_weight", cls.load_weight, ge=0),
+                home_weight=r.number("home_weight", cls.home_weight, ge=0),
+                decode_tokens=r.number("decode_tokens", cls.decode_tokens, ge=0),
+                kv_high=r.check("kv_high", cls.kv_high, "a number in [0, 1)",
+                                lambda v: isinstance(v, int | float) and not isinstance(v, bool)
+                                and 0 <= v < 1, float),
+                min_match_tokens=r.integer("min_match_tokens", cls.min_match_tokens, 0),
+                match_threshold=r.check("match_threshold", cls.match_threshold,
+                                        "a number in [0, 1]",
+                                        lambda v: isinstance(v, int | float)
+                                        and not isinstance(v, bool) and 0 <= v <= 1, float),
+                chunk_chars=r.integer("chunk_chars", cls.chunk_chars, 16, 1 << 20),
+                chars_per_token=r.number("chars_per_token", cls.chars_per_token, gt=0),
+                kv_capacity_tokens=r.integer("kv_capacity_tokens", cls.kv_capacity_tokens, 1),
+                index_max_entries=r.integer("index_max_entries", cls.index_max_entries, 1))
+        if s.cache_weight + s.load_weight + s.home_weight <= 0:
+            raise SettingsError(f"{r.key('cache_weight')}: expected the cache, load and home "
+                                f"weights not all 0, got {s.cache_weight!r}")
         if s.max_prefix_chars < s.min_prefix_chars:
             raise SettingsError(f"{r.key('max_prefix_chars')}: expected an integer >= "
                                 f"min_prefix_chars ({s.min_prefix_chars}), "
@@ -317,6 +349,40 @@ class ProxySettings:
                    max_body_bytes=r.size("max_body_bytes", cls.max_body_bytes),
                    max_in_flight=r.integer("max_in_flight", cls.max_in_flight, 1),
                    replica_header=r.boolean("replica_header", cls.replica_header))
+
+
+@dataclass(frozen=True)
+class LimitsSettings:
+    """Connection-level limits (`router/limits.py` enforces them; docs/router.md compares each
+    with its nginx counterpart). 0 for `max_connections_per_client` means no per-client cap."""
+
+    header_timeout: float = 60.0
+    body_timeout: float = 60.0
+    body_min_rate: int = 8 * 1024
+    keepalive_timeout: float = 75.0
+    max_request_line: int = 8 * 1024
+    max_header_count: int = 100
+    max_header_bytes: int = 32 * 1024
+    max_connections: int = 4096
+    max_connections_per_client: int = 0
+
+    @classmethod
+    def parse(cls, r: _Reader) -> LimitsSettings:
+        s = cls(header_timeout=r.number("header_timeout", cls.header_timeout, gt=0),
+                body_timeout=r.number("body_timeout", cls.body_timeout, gt=0),
+                body_min_rate=r.size("body_min_rate", cls.body_min_rate),
+                keepalive_timeout=r.number("keepalive_timeout", cls.keepalive_timeout, gt=0),
+                max_request_line=r.size("max_request_line", cls.max_request_line),
+                max_header_count=r.integer("max_header_count", cls.max_header_count, 1, 100_000),
+                max_header_bytes=r.size("max_header_bytes", cls.max_header_bytes),
+                max_connections=r.integer("max_connections", cls.max_connections, 1),
+                max_connections_per_client=r.integer("max_connections_per_client",
+                                                     cls.max_connections_per_client, 0))
+        if s.max_connections_per_client > s.max_connections:
+            raise SettingsError(f"{r.key('max_connections_per_client')}: expected an integer <= "
+                                f"max_connections ({s.max_connections}) or 0 (off), "
+                                f"got {s.max_connections_per_client!r}")
+        return s
 
 
 @dataclass(frozen=True)
@@ -385,8 +451,8 @@ class ShutdownSettings:
 _SECTIONS: dict[str, Any] = {
     "listen": Listen, "discovery": DiscoverySettings, "routing": RoutingSettings,
     "health": HealthSettings, "scrape": ScrapeSettings, "proxy": ProxySettings,
-    "auth": AuthSettings, "admin": AdminSettings, "logging": LoggingSettings,
-    "shutdown": ShutdownSettings,
+    "limits": LimitsSettings, "auth": AuthSettings, "admin": AdminSettings,
+    "logging": LoggingSettings, "shutdown": ShutdownSettings,
 }
 
 
@@ -400,6 +466,7 @@ class Settings:
     health: HealthSettings = field(default_factory=HealthSettings)
     scrape: ScrapeSettings = field(default_factory=ScrapeSettings)
     proxy: ProxySettings = field(default_factory=ProxySettings)
+    limits: LimitsSettings = field(default_factory=LimitsSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
     admin: AdminSettings = field(default_factory=AdminSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)

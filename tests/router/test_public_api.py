@@ -50,13 +50,20 @@ PINNED: dict[str, list[str]] = {
     ],
     "router.discovery.static": ["StaticDiscovery"],
     "router.errors": [
-        "InvalidRequest", "NoReplicaAvailable", "NotFound", "PayloadTooLarge", "RouterError",
-        "StreamCancelled", "TooManyRequests", "Unauthorized", "UpstreamConnectError",
-        "UpstreamError", "UpstreamTimeout", "error_body", "sse_error_event", "translate_upstream"
+        "HeaderFieldsTooLarge", "InvalidRequest", "NoReplicaAvailable", "NotFound",
+        "PayloadTooLarge", "RequestTimeout", "RouterError", "StreamCancelled",
+        "TooManyConnections", "TooManyRequests", "Unauthorized", "UpstreamConnectError",
+        "UpstreamError", "UpstreamTimeout", "UriTooLong", "error_body", "raw_response",
+        "sse_error_event", "translate_upstream"
     ],
+    "router.chunks": ["Chunks", "MAX_CHUNKS", "MESSAGE_TOKENS", "NO_CHUNKS", "request_chunks"],
     "router.health": [
-        "HealthMonitor", "KV_USAGE", "RUNNING", "Replica", "Replicas", "VllmLoad", "WAITING",
-        "parse_vllm_metrics"
+        "CACHE_CONFIG", "HealthMonitor", "KV_USAGE", "RUNNING", "Replica", "Replicas", "VllmLoad",
+        "WAITING", "kv_capacity_tokens", "parse_vllm_metrics"
+    ],
+    "router.limits": [
+        "ConnectionGuard", "HTTP_PROTOCOL", "LINGER", "LimitedHttpToolsProtocol", "Rejection",
+        "body_deadline", "ensure_descriptors", "header_bytes", "refused_by"
     ],
     "router.metrics": [
         "DURATION_BUCKETS", "DistinctKeys", "REPLICA_STATES", "RouterMetrics", "TTFB_BUCKETS"
@@ -64,8 +71,13 @@ PINNED: dict[str, list[str]] = {
     "router.nginx_config": [
         "NginxOptions", "TEMPLATE_PATH", "UpstreamServer", "render", "render_config"
     ],
+    "router.pipeline": [
+        "Candidate", "Filter", "Pipeline", "RequestView", "Scorer", "bounded_load", "cache_score",
+        "home_score", "load_score", "queued_work"
+    ],
+    "router.prefix_index": ["ApproxIndex", "InFlight", "PrefixIndex", "match_holders"],
     "router.proxy": [
-        "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog", "REPLICA_HEADER",
+        "Attempts", "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog", "REPLICA_HEADER",
         "RETRY_STATUSES", "Upstream", "make_session", "strip_hop_by_hop"
     ],
     "router.ring.base": ["Ring", "RingMember", "distinct_owners"],
@@ -73,13 +85,15 @@ PINNED: dict[str, list[str]] = {
     "router.ring.nginx": [
         "NGINX_MAX_SKIPS", "NginxRing", "POINTS_PER_WEIGHT", "key_bytes", "split_server"
     ],
+    "router.routing": ["Routed", "Router"],
     "router.settings": [
         "AdminSettings", "AuthSettings", "DISCOVERY_TYPES", "DiscoverySettings", "DnsDiscovery",
-        "HealthSettings", "KubernetesDiscovery", "LOG_LEVELS", "Listen", "LoggingSettings",
-        "POLICIES", "ProxySettings", "RINGS", "ReplicaSpec", "RoutingSettings", "SCHEMES",
+        "HealthSettings", "KubernetesDiscovery", "LOG_LEVELS", "LimitsSettings", "Listen",
+        "LoggingSettings", "POLICIES", "ProxySettings", "RINGS", "ReplicaSpec", "RoutingSettings", "SCHEMES",
         "SETTINGS_ENV", "ScrapeSettings", "Settings", "SettingsError", "ShutdownSettings",
         "load_settings", "parse_backend", "parse_size", "settings_from_env", "write_settings_file"
     ],
+    "router.usage": ["TAIL_BYTES", "Usage", "UsageTap", "parse_usage"],
 }  # fmt: skip
 
 
