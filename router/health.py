@@ -66,6 +66,8 @@ class Replica(Protocol):
     waiting: float
     kv_usage: float
     kv_capacity: int
+    unstarted: int
+    scraped_unstarted: int
     models: frozenset[str] | None
     parents: Mapping[str, str]
     fixed_models: frozenset[str] | None
@@ -339,6 +341,7 @@ class HealthMonitor:
             replica.lora_running, replica.lora_waiting = lora.running, lora.waiting
             replica.max_lora = lora.max_lora
         replica.kv_usage = load.kv_usage
+        replica.scraped_unstarted = replica.unstarted
         if load.kv_capacity:  # a failed scrape keeps the last known capacity
             replica.kv_capacity = load.kv_capacity
         self.metrics.scraped_load(replica.name, load.running, load.waiting, load.kv_usage)

@@ -47,6 +47,7 @@ class ReplicaState:
     # prompt tokens they are predicted to prefill there (written by the proxy's outcome hooks)
     unstarted: int = 0
     pending_prefill: float = 0.0
+    scraped_unstarted: int = 0  # `unstarted` when `waiting` was scraped: ours among the waiting
     # names served (base models and LoRA adapters); None while unknown (router.models)
     models: frozenset[str] | None = None
     parents: Mapping[str, str] = field(default_factory=dict)  # adapter -> base model

@@ -135,7 +135,8 @@ class Router:
         self.settings = settings
         self.replicas = replicas
         self.key_config: KeyConfig = key_config(settings)
-        self.bound = LoadBound(settings.load_factor, settings.load_floor)
+        self.bound = LoadBound(settings.load_factor, settings.cache_load_floor
+                               if settings.policy == "cache_aware" else settings.load_floor)
         # the policies that keep the bounded-load cap (and so take LoRA affinity)
         self._bounded = settings.policy in ("prefix", "cache_aware")
         self.policy: Policy | None = None
@@ -151,8 +152,7 @@ class Router:
                  (home_score, settings.home_weight)],
                 settings.min_match_tokens)
         else:
-            self.policy = make_policy(settings.policy, settings.load_factor,
-                                      load_floor=settings.load_floor)
+            self.policy = make_policy(settings.policy, settings.load_factor, settings.load_floor)
             if isinstance(self.policy, BoundedLoadPrefixPolicy):
                 self.affinity = Affinities(self.policy.bound, prompt=settings.prompt_affinity)
         self.in_flight = InFlight()
@@ -201,6 +201,11 @@ class Router:
         if cold_key is not None:
             names = {r.name for r in available}
             walk = [n for n in self.replicas.ring.walk(cold_key) if n in names]
+            if not scored and cached:
+                # a new conversation behind a known preamble: onto the replica that took the
+                # least new content lately (the least eviction pressure), ring order on ties
+                index = self.index
+                walk.sort(key=lambda n: index.inserted(n))
             rank = {n: i for i, n in enumerate(walk)}
         mean = self._mean_prefill
         candidates = [Candidate(r, scored.get(r.name, 0),

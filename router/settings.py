@@ -262,11 +262,12 @@ class RoutingSettings:
     session_header: str = "X-Session-ID"
     prompt_affinity: bool = True
     # cache_aware (router/pipeline.py): scorer weights, the cost model, the prefix index
-    cache_weight: float = 1.0
+    cache_weight: float = 4.0
     load_weight: float = 1.0
     home_weight: float = 0.1
     decode_tokens: float = 32.0
     kv_high: float = 0.9
+    cache_load_floor: int = 32
     min_match_tokens: int = 64
     match_threshold: float = 0.5
     chunk_chars: int = 1024
@@ -293,6 +294,8 @@ class RoutingSettings:
                 kv_high=r.check("kv_high", cls.kv_high, "a number in [0, 1)",
                                 lambda v: isinstance(v, int | float) and not isinstance(v, bool)
                                 and 0 <= v < 1, float),
+                cache_load_floor=r.integer("cache_load_floor", cls.cache_load_floor, 0,
+                                           1_000_000),
                 min_match_tokens=r.integer("min_match_tokens", cls.min_match_tokens, 0),
                 match_threshold=r.check("match_threshold", cls.match_threshold,
                                         "a number in [0, 1]",
