@@ -9,6 +9,10 @@ For every workload and every setup, in that order:
    the runner, scraping every replica before and after;
 4. stop the setup, then the fleet (by PID).
 
+Each workload also gets its one-cache ceiling (`loadtest.ceiling.fleet_ceiling`: the same
+requests through one cache of the fleet's total KV capacity), the best hit rate any router could
+reach on that fleet.
+
 A setup whose software is missing is skipped with its reason; one that fails to start or crashes
 is reported as failed and the comparison goes on. Output: a markdown table per workload
 (`loadtest.report.compare_markdown`), JSON (summaries plus the raw TTFT samples the CDF plots
@@ -38,6 +42,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from loadtest.ceiling import fleet_ceiling
 from loadtest.fleet import Fleet, FleetError
 from loadtest.runner import Plan, RunResult, add_workload_arguments, run, workload_spec
 from loadtest.setups import Setup, SetupError, launch, parse_setup, tiny_tokenizer_dir
@@ -144,10 +149,10 @@ def _branches_or_empty(url: str) -> dict[str, int]:
 
 def run_setup(setup: Setup, requests: Sequence[Request], plan: Plan, fleet_params: FleetParams,
               workdir: Path, tokenizer_dir: Path,
-              workload_meta: dict[str, Any]) -> tuple[RunResult, dict[str, int]]:
+              workload_meta: dict[str, Any]) -> tuple[RunResult, list[dict[str, int]]]:
     """One cold fleet, one setup, one run; everything it started is stopped before it returns.
-    Also returns the router's branch counts (empty for other setups): the router starts fresh,
-    so its counters are this run's decisions."""
+    Also returns each router process's branch counts (none for other setups): the routers start
+    fresh, so their counters are this run's decisions."""
     fleet = Fleet(replicas=fleet_params.replicas, model_path=str(tokenizer_dir),
                   log_dir=str(workdir / "fleet"), **fleet_params.replica_options())
     fleet.start()
@@ -157,8 +162,9 @@ def run_setup(setup: Setup, requests: Sequence[Request], plan: Plan, fleet_param
             p = replace(plan, target=launched.url, prefix_hash_header=setup.prefix_hash_header,
                         replica_urls=tuple(fleet.urls), progress_label=setup.name)
             result = run(p, requests, workload_meta)
-            branches = _branches_or_empty(launched.url) if setup.kind == "router" else {}
-            return result, branches
+            if setup.kind != "router":
+                return result, []
+            return result, [_branches_or_empty(u) for u in launched.urls]
     finally:
         fleet.stop()
 
@@ -177,6 +183,10 @@ def compare(workloads: dict[str, tuple[list[Request], dict[str, Any]]], setups: 
     for wl_name, (requests, meta) in workloads.items():
         block: dict[str, Any] = {"workload": meta, "setups": {}, "ttft": {}, "per_replica": {},
                                  "skipped": {}, "failed": {}}
+        sent = requests[: plan.max_requests] if plan.max_requests is not None else requests
+        block["ceiling"] = fleet_ceiling(sent, fleet_params.replicas, fleet_params.kv_blocks,
+                                         fleet_params.block_size).to_json()
+        log(f"[{wl_name}] one-cache ceiling: hit {block['ceiling']['hit_rate']:.3f}")
         out["workloads"][wl_name] = block
         for setup in setups:
             reason = setup.unavailable()
@@ -194,8 +204,14 @@ def compare(workloads: dict[str, tuple[list[Request], dict[str, Any]]], setups: 
                 continue
             data = result.to_json(outcomes=keep_outcomes)
             s = data["summary"]
-            if branches:
-                s["router_branches"] = branches
+            if any(branches):
+                total: dict[str, int] = {}
+                for per in branches:
+                    for b, n in per.items():
+                        total[b] = total.get(b, 0) + n
+                s["router_branches"] = dict(sorted(total.items()))
+            if len(branches) > 1:  # requests each router process decided (the splitter's spread)
+                s["router_processes"] = [sum(per.values()) for per in branches]
             block["setups"][setup.name] = s
             block["ttft"][setup.name] = sorted(o.ttft for o in result.outcomes
                                                if o.ok and o.ttft is not None)

@@ -14,6 +14,9 @@ engine and wakes it if idle. A *step end* applies the engine step that was plann
 (tokens produced, blocks cached, requests finished), records TTFT/latency, and plans the next step
 at once if work remains — exactly what the replica's asyncio loop does, minus the sleep.
 
+Each result carries the one-cache ceiling of its requests (`ceiling`, `SimResult.of_ceiling`):
+the same prompts through one cache of the whole fleet's capacity, the best any policy could hit.
+
 Inputs: a Mooncake-format trace (``--trace``: timestamps in ms, input/output lengths, 512-token
 block hash ids -> token ids generated per block id, no text) or a named workload
 (``--workload``). Cost: O(steps x running batch) Python work; arrivals O(N) for the load refresh.
@@ -31,16 +34,20 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from loadtest.replica.engine import Engine, EngineLimits, EngineRequest
+import yaml
+
+from loadtest.ceiling import Ceiling, fits, replay
+from loadtest.replica.engine import Engine, EngineError, EngineLimits, EngineRequest
 from loadtest.replica.timing import TimingModel
 from loadtest.stats import max_over_mean, summarize
-from router.affinity import Affinities
-from router.keys import KeyConfig, derive
-from router.policy import BoundedLoadPrefixPolicy, make_policy
+from router.keys import KeyConfig
 from router.replicas import ReplicaSet, ReplicaState
+from router.routing import Routed, Router
+from router.settings import RoutingSettings, Settings
 from templates_audit.blocks import block_hashes
 
-__all__ = ["SimConfig", "SimRequest", "SimResult", "add_arguments", "main", "mooncake_requests", "simulate"]
+__all__ = ["SimConfig", "SimRequest", "SimResult", "add_arguments", "ceiling", "main",
+           "mooncake_requests", "simulate"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,14 @@ class SimConfig:
     max_num_batched_tokens: int = 2048
     prompt_affinity: bool = True  # routing.prompt_affinity
     timing: TimingModel = field(default_factory=TimingModel)
+    routing: dict[str, Any] = field(default_factory=dict)  # further routing.* settings
+
+    def routing_settings(self) -> RoutingSettings:
+        """The validated ``routing:`` section this run routes with (as the app would)."""
+        return Settings.from_dict({"routing": {
+            **self.routing, "policy": self.policy, "ring": self.ring,
+            "load_factor": self.load_factor, "load_floor": self.load_floor,
+            "prompt_affinity": self.prompt_affinity}}).routing
 
 
 @dataclass
@@ -82,9 +97,35 @@ class SimResult:
     load_max_over_mean: float
     branches: dict[str, int]
     preemptions: int
+    ceiling: dict[str, Any] = field(default_factory=dict)  # `ceiling(requests, config)`
+    rejected: int = 0  # requests longer than a replica's KV pool (a replica answers 400)
+
+    @property
+    def of_ceiling(self) -> float:
+        """This run's hit rate over the one-cache ceiling's."""
+        c = self.ceiling.get("hit_rate")
+        return self.hit_rate / c if c else float("nan")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _hashes(req: SimRequest, block_size: int) -> Sequence[int]:
+    hashes = req.prompt_hashes
+    if hashes is not None and len(hashes) * block_size <= len(req.prompt_ids):
+        return hashes
+    return block_hashes(req.prompt_ids, block_size)  # none, or precomputed for another size
+
+
+def ceiling(requests: Sequence[SimRequest], config: SimConfig) -> Ceiling:
+    """The one-cache ceiling of ``requests`` on ``config``'s fleet (`loadtest.ceiling`): one
+    cache of ``replicas x kv_blocks`` blocks, arrival order; requests one replica would refuse
+    are left out, as the simulation drops them."""
+    bs, kv = config.block_size, config.kv_blocks
+    prompts = ((_hashes(r, bs), len(r.prompt_ids))
+               for r in sorted(requests, key=lambda r: r.at)
+               if fits(len(r.prompt_ids), r.max_tokens, kv, bs))
+    return replay(prompts, None if kv is None else kv * config.replicas, bs)
 
 
 def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
@@ -99,13 +140,9 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
     from router.discovery.base import Endpoint
 
     rset.update_membership([Endpoint(name=n, url=f"sim://{n}") for n in names])
-    policy = make_policy(config.policy, config.load_factor, load_floor=config.load_floor)
-    # the app's post-policy affinities, per process like the app's
-    affinity = (Affinities(policy.bound, prompt=config.prompt_affinity)
-                if isinstance(policy, BoundedLoadPrefixPolicy) else None)
-    # prompt chunk hashes only where the prompt affinity uses them, as the app's key_config
-    key_config = (KeyConfig() if affinity is not None and affinity.prompt is not None
-                  else KeyConfig(chunk_bytes=0))
+    # the app's routing entry point, one process
+    router = Router(config.routing_settings(), rset)
+    capacity = (config.kv_blocks or 0) * config.block_size  # what cache_config_info reports
     states: dict[str, ReplicaState] = {s.name: s for s in rset.states()}
 
     heap: list[tuple[float, int, str, Any]] = []
@@ -113,12 +150,14 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
     for r in requests:
         heapq.heappush(heap, (r.at, next(order), "arrive", r))
     busy: dict[str, bool] = dict.fromkeys(names, False)
+    routed: dict[int, Routed] = {}
     arrivals: dict[int, float] = {}
     first: dict[int, float] = {}
     done: dict[int, float] = {}
     per_replica: dict[str, int] = dict.fromkeys(names, 0)
     branches: dict[str, int] = {}
     seq_counter = itertools.count()
+    rejected = 0
     now = 0.0
     wall0 = time.perf_counter()
 
@@ -138,27 +177,31 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
         clock[0] = now
         if kind == "arrive":
             req: SimRequest = payload
-            key = derive(req.path, req.headers, req.key_body, key_config)
-            for n in names:
-                e = engines[n]
-                states[n].in_flight = len(e.running) + len(e.waiting)
-            state_list = list(states.values())
-            decision = policy.choose(key, state_list, rset.ring, next(seq_counter))
-            if decision is None:
+            for n in names:  # a fresh scrape of every replica
+                e, st = engines[n], states[n]
+                st.running, st.waiting = len(e.running), len(e.waiting)
+                st.kv_usage, st.kv_capacity = e.kv_usage, capacity
+                st.scraped_unstarted = st.unstarted
+            r_ = router.route(req.path, req.headers, req.key_body, next(seq_counter))
+            if r_ is None:
                 continue
-            if affinity is not None:
-                decision = affinity.apply(key, decision, state_list)
+            decision = r_.decision
             name = decision.replica
             branches[str(decision.branch)] = branches.get(str(decision.branch), 0) + 1
             per_replica[name] += 1
             eng = engines[name]
             rid = len(arrivals)
+            try:
+                eng.submit(EngineRequest(request_id=str(rid), prompt_ids=req.prompt_ids,
+                                         max_tokens=req.max_tokens,
+                                         prompt_hashes=_hashes(req, config.block_size)))
+            except EngineError:  # too long for the replica: it answers 400, counts nothing
+                rejected += 1
+                continue
             arrivals[rid] = now
-            hashes = req.prompt_hashes
-            if hashes is not None and len(hashes) * config.block_size > len(req.prompt_ids):
-                hashes = None  # precomputed for another block size
-            eng.submit(EngineRequest(request_id=str(rid), prompt_ids=req.prompt_ids,
-                                     max_tokens=req.max_tokens, prompt_hashes=hashes))
+            routed[rid] = r_
+            states[name].in_flight += 1  # what the proxy does around an attempt
+            r_.started(states[name])
             if not busy[name]:
                 start_step(name, now)
         else:
@@ -168,8 +211,11 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
                 rid = int(seq.req.request_id)
                 if seq.generated >= 1 and rid not in first:
                     first[rid] = now
+                    routed[rid].served(states[name], 200)
                 if seq.done and rid not in done:
                     done[rid] = now
+                    routed[rid].ended(states[name])
+                    states[name].in_flight -= 1
             start_step(name, now)
 
     hits = sum(e.stats.hits for e in engines.values())
@@ -190,6 +236,8 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
         load_max_over_mean=max_over_mean(per_replica.values()),
         branches=branches,
         preemptions=sum(e.stats.preemptions for e in engines.values()),
+        ceiling=ceiling(requests, config).to_json(),
+        rejected=rejected,
     )
 
 
@@ -312,10 +360,10 @@ def workload_requests(name: str, requests: int, seed: int, rate: float, **kw: An
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", help="Mooncake-format JSONL (timestamp ms, input_length, output_length, hash_ids)")
-    src.add_argument("--workload", help="a named workload: shared-prefix, multi-turn, hot-prefix, volatile")
+    src.add_argument("--workload", help="a named workload: shared-prefix, multi-turn, hot-prefix, volatile, rag, agent")
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--policy", action="append", default=None,
-                   help="prefix | round_robin | least_loaded (repeatable: compare several)")
+                   help="cache_aware | prefix | round_robin | least_loaded (repeatable: compare several)")
     p.add_argument("--requests", type=int, default=None, help="cap on requests (default: whole trace / 1000)")
     p.add_argument("--repeat", type=int, default=1, help="replay the trace N times (larger populations)")
     p.add_argument("--time-scale", type=float, default=1.0, help="trace seconds per simulated second (>1 = faster arrivals)")
@@ -329,6 +377,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-blocks", type=int, default=8192)
     p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--routing", action="append", default=[], metavar="KEY=VALUE",
+                   help="a further routing.* setting (YAML value), e.g. decode_tokens=16")
     p.add_argument("--json", dest="json_out", help="write results as JSON to this file")
 
 
@@ -336,7 +386,14 @@ def main(args: argparse.Namespace) -> int:
     if args.replicas < 1:
         print("prefix-loadtest simulate: --replicas must be >= 1", file=sys.stderr)
         return 2
-    policies = args.policy or ["prefix", "round_robin", "least_loaded"]
+    policies = args.policy or ["cache_aware", "prefix", "round_robin", "least_loaded"]
+    try:
+        routing = {k: yaml.safe_load(v) for k, _, v in (o.partition("=") for o in args.routing)}
+        for pol in policies:
+            SimConfig(policy=pol, routing=routing).routing_settings()
+    except (ValueError, yaml.YAMLError) as exc:
+        print(f"prefix-loadtest simulate: {exc}", file=sys.stderr)
+        return 2
     if args.trace:
         try:
             reqs = list(mooncake_requests(args.trace, args.requests, args.time_scale,
@@ -350,16 +407,22 @@ def main(args: argparse.Namespace) -> int:
     else:
         reqs = workload_requests(args.workload, args.requests or 1000, args.seed, args.rate)
     results = []
-    print(f"{'policy':<14}{'requests':>9}{'hit rate':>10}{'TTFT p50':>10}{'TTFT p99':>10}"
-          f"{'max/mean':>10}{'wall s':>8}")
+    top = ceiling(reqs, SimConfig(replicas=args.replicas, block_size=args.block_size,
+                                  kv_blocks=args.kv_blocks))
+    print(f"one-cache ceiling ({top.num_blocks} blocks, {top.requests} requests): hit rate "
+          f"{top.hit_rate:.3f}")
+    print(f"{'policy':<14}{'requests':>9}{'hit rate':>10}{'÷ ceiling':>10}{'TTFT p50':>10}"
+          f"{'TTFT p99':>10}{'max/mean':>10}{'wall s':>8}")
     for pol in policies:
         cfg = SimConfig(replicas=args.replicas, policy=pol, load_factor=args.load_factor,
                         load_floor=args.load_floor, prompt_affinity=args.prompt_affinity,
+                        routing=routing,
                         block_size=args.block_size, kv_blocks=args.kv_blocks,
                         max_num_seqs=args.max_num_seqs)
         res = simulate(reqs, cfg)
         results.append(res.to_json())
-        print(f"{pol:<14}{res.requests:>9}{res.hit_rate:>10.3f}{res.ttft['p50']:>10.3f}"
+        print(f"{pol:<14}{res.requests:>9}{res.hit_rate:>10.3f}{res.of_ceiling:>10.3f}"
+              f"{res.ttft['p50']:>10.3f}"
               f"{res.ttft['p99']:>10.3f}{res.load_max_over_mean:>10.2f}{res.wall_seconds:>8.1f}")
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as fh:

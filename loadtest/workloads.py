@@ -6,6 +6,9 @@ requests, so several setups (router policies, nginx, sglang-router) can be fed t
 Workloads (names are CLI values):
 
 * ``shared-prefix`` — P system prompts of 1-4k tokens with Zipf popularity, short user turns.
+
+  In shared-prefix, multi-turn and hot-prefix a user turn is a short question, followed by
+  ``user_tokens`` tokens of pasted text (new to the cache, so it costs prefill) when that is > 0.
 * ``multi-turn`` — conversations that grow turn by turn; each turn resends the whole history, as
   chat clients do, so turn k+1 shares turn k's prompt as its prefix.
 * ``hot-prefix`` — multi-turn conversations where one system prompt carries 80% of the traffic:
@@ -16,6 +19,31 @@ Workloads (names are CLI values):
   of text that the default tokenizer cuts into exactly 512 tokens (block texts end with a newline,
   which is always a token boundary), so the trace's sharing structure survives into vLLM's 16-token
   blocks; arrivals follow the trace's timestamps, scaled.
+* ``rag`` — retrieval-augmented chat. ``prompts`` system prompts (one per app, Zipf popularity) and
+  a shared pool of ``documents`` documents (``min_doc_tokens``-``max_doc_tokens`` each). A
+  request's *topic* (``documents // 4`` topics, Zipf popularity) ranks 8 documents of the pool
+  (popular documents belong to many topics); each user turn carries the top 2-4 of them by a
+  noisy relevance score, in score order, *inside the user message* after the system prompt
+  (``[1] <document>`` ... then the question), as retrieval pipelines place them. A conversation
+  has 1-``turns`` turns (uniform); a follow-up resends the history (earlier documents
+  included) and retrieves for the same topic with probability 0.7. Requests carry no ``user``:
+  what they share is only visible in their content. Sharing: the system prompt by all of an
+  app's requests, the leading document by requests of one app whose retrieval put it first,
+  the history by a conversation's turns.
+* ``agent`` — tool-calling agents. ``prompts`` agent kinds, each a system prompt plus 6-12
+  ``tools`` definitions (JSON-schema functions, ~1-3k tokens), Zipf popularity. A conversation is
+  a user task followed by steps; each step is one request (the whole history) whose answer is an
+  assistant message with ``tool_calls`` (``content: null``), followed by the ``tool`` message
+  with its result (200-1,500 tokens, ``tool_call_id`` set). A conversation stops when its prompt
+  reaches a target drawn uniformly from ``min_history_tokens``-``max_history_tokens`` (8-20k by
+  default; its last tool result is cut to land on it), so its last request is that long.
+  Requests carry no ``user``. Sharing: system prompt and tools by an agent kind, the history by a
+  conversation's steps (each step's prompt is the previous one plus one call and one result).
+
+Conversation schedules (multi-turn, hot-prefix, rag, agent): conversations start as a Poisson
+process at ``rate / mean turns``; the gap between two turns of one conversation is exponential
+with mean ``2 x mean turns / rate``, so about ``2 x mean turns`` conversations are open at once.
+In rag and agent every conversation is complete (the request count cuts only the last one).
 
 A request's ``at`` is its arrival offset in seconds for open-loop runs; closed-loop runs ignore it
 but keep the order (a conversation's turns stay in order in both).
@@ -32,9 +60,12 @@ import json
 import math
 import random
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from templates_audit.tokenize import Tokenizer
 
 __all__ = [
     "WORKLOADS",
@@ -119,6 +150,12 @@ class WorkloadSpec:
     trace_path: str | None = None  # mooncake
     time_scale: float = 1.0  # mooncake: trace seconds per replay second
     max_output_tokens: int = 64  # mooncake: cap on the trace's output lengths
+    documents: int = 200  # rag: size of the shared document pool
+    min_doc_tokens: int = 200  # rag: document sizes
+    max_doc_tokens: int = 800
+    min_history_tokens: int = 8000  # agent: a conversation's last prompt, drawn in this range
+    max_history_tokens: int = 20000
+    user_tokens: int = 0  # shared-prefix, multi-turn, hot-prefix: pasted text after each question
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -166,6 +203,14 @@ def _question(rng: random.Random) -> str:
     return f"{rng.choice(_QUESTIONS)}? (ref {rng.randint(1000, 9999)})"
 
 
+def _user_turn(spec: WorkloadSpec, rng: random.Random) -> str:
+    """A question, followed by ``spec.user_tokens`` tokens of pasted text when that is > 0."""
+    q = _question(rng)
+    if spec.user_tokens <= 0:
+        return q
+    return f"{q}\n{synthetic_text(rng, _words(spec.user_tokens))}"
+
+
 def shared_prefix(spec: WorkloadSpec) -> Iterator[Request]:
     rng = random.Random(spec.seed)
     prompts = _system_prompts(spec, rng)
@@ -173,7 +218,8 @@ def shared_prefix(spec: WorkloadSpec) -> Iterator[Request]:
     times = _poisson_times(rng, spec.requests, spec.rate)
     for i in range(spec.requests):
         p = rng.choices(range(len(prompts)), weights)[0]
-        msgs = [{"role": "system", "content": prompts[p]}, {"role": "user", "content": _question(rng)}]
+        msgs = [{"role": "system", "content": prompts[p]},
+                {"role": "user", "content": _user_turn(spec, rng)}]
         yield Request(i, times[i], CHAT, _body(spec, msgs), group=f"p{p}")
 
 
@@ -223,7 +269,7 @@ def _conversations(spec: WorkloadSpec, hot: bool) -> Iterator[Request]:
     for i, (t, c, k) in enumerate(events):
         msgs = history.setdefault(c, [{"role": "system", "content": prompts[conv_prompt[c]]}])
         r = conv_rng[c]
-        msgs.append({"role": "user", "content": _question(r)})
+        msgs.append({"role": "user", "content": _user_turn(spec, r)})
         body = _body(spec, [dict(m) for m in msgs], user=f"conv-{spec.seed}-{c}")
         yield Request(i, t, CHAT, body, group=f"p{conv_prompt[c]}", conversation=f"conv-{c}", turn=k)
         msgs.append({"role": "assistant", "content": synthetic_text(r, spec.max_tokens // 2 + 4)})
@@ -235,6 +281,187 @@ def multi_turn(spec: WorkloadSpec) -> Iterator[Request]:
 
 def hot_prefix(spec: WorkloadSpec) -> Iterator[Request]:
     return _conversations(spec, hot=True)
+
+
+def _conversation_events(rng: random.Random, lengths: Sequence[int],
+                         rate: float) -> list[tuple[float, int, int]]:
+    """(arrival, conversation, turn) of every turn of conversations of ``lengths`` turns, sorted.
+
+    Starts are Poisson at ``rate / mean length``; turns of one conversation are separated by
+    exponential gaps of mean ``2 x mean length / rate`` (the multi-turn workloads' think time).
+    """
+    if not lengths:
+        return []
+    mean = sum(lengths) / len(lengths)
+    starts = _poisson_times(rng, len(lengths), rate / mean if rate > 0 else 0.0)
+    think = 2.0 * mean / rate if rate > 0 else 0.0
+    events = []
+    for c, n in enumerate(lengths):
+        t = starts[c]
+        for k in range(n):
+            events.append((t, c, k))
+            t += rng.expovariate(1.0 / think) if think > 0 else 0.0
+    events.sort()
+    return events
+
+
+def _words(tokens: int) -> int:
+    """Words of `synthetic_text` for about ``tokens`` default-tokenizer tokens."""
+    return max(4, int(tokens / 1.35))
+
+
+def _documents(spec: WorkloadSpec, rng: random.Random) -> list[str]:
+    docs = []
+    for d in range(spec.documents):
+        title = " ".join(rng.choice(_WORDS) for _ in range(4)).title()
+        body = synthetic_text(rng, _words(rng.randint(spec.min_doc_tokens, spec.max_doc_tokens)))
+        docs.append(f"Document {d}: {title}\n{body}")
+    return docs
+
+
+def _topics(n_docs: int, rng: random.Random) -> list[list[int]]:
+    """``n_docs // 4`` topics, each ranking 8 distinct documents; popular documents (Zipf) are
+    in many topics."""
+    weights = _zipf_weights(n_docs, 0.8)
+    topics = []
+    for _ in range(max(1, n_docs // 4)):
+        ranked: list[int] = []
+        while len(ranked) < min(8, n_docs):
+            d = rng.choices(range(n_docs), weights)[0]
+            if d not in ranked:
+                ranked.append(d)
+        topics.append(ranked)
+    return topics
+
+
+def _retrieve(rng: random.Random, ranked: Sequence[int]) -> list[int]:
+    """The top 2-4 of a topic's documents by a noisy relevance score, best first."""
+    scores = [(1.0 / (r + 1) * math.exp(rng.gauss(0.0, 0.6)), d) for r, d in enumerate(ranked)]
+    k = rng.randint(2, 4)
+    return [d for _, d in sorted(scores, reverse=True)[:k]]
+
+
+def _rag_turn(docs: Sequence[str], chosen: Sequence[int], question: str) -> str:
+    parts = [f"[{j + 1}] {docs[d]}" for j, d in enumerate(chosen)]
+    return ("Answer using only the documents below and cite them by number.\n\n"
+            + "\n\n".join(parts) + f"\n\nQuestion: {question}")
+
+
+def rag(spec: WorkloadSpec) -> Iterator[Request]:
+    rng = random.Random(spec.seed)
+    prompts = _system_prompts(spec, rng)
+    docs = _documents(spec, rng)
+    topics = _topics(len(docs), rng)
+    app_w = _zipf_weights(len(prompts), spec.zipf_s)
+    topic_w = _zipf_weights(len(topics), spec.zipf_s)
+    lengths: list[int] = []
+    while sum(lengths) < spec.requests:
+        lengths.append(rng.randint(1, max(1, spec.turns)))
+    if lengths:
+        lengths[-1] -= sum(lengths) - spec.requests
+    apps = [rng.choices(range(len(prompts)), app_w)[0] for _ in lengths]
+    history: dict[int, list[dict[str, Any]]] = {}
+    topic: dict[int, int] = {}
+    for i, (t, c, k) in enumerate(_conversation_events(rng, lengths, spec.rate)):
+        r = random.Random(spec.seed * 1_000_003 + c * 7 + k)
+        msgs = history.setdefault(c, [{"role": "system", "content": prompts[apps[c]]}])
+        if c not in topic or r.random() >= 0.7:
+            topic[c] = r.choices(range(len(topics)), topic_w)[0]
+        msgs.append({"role": "user",
+                     "content": _rag_turn(docs, _retrieve(r, topics[topic[c]]), _question(r))})
+        yield Request(i, t, CHAT, _body(spec, [dict(m) for m in msgs]), group=f"p{apps[c]}",
+                      conversation=f"rag-{c}", turn=k)
+        msgs.append({"role": "assistant", "content": synthetic_text(r, spec.max_tokens // 2 + 4)})
+
+
+_TOOL_NAMES = (
+    "search_code", "read_file", "write_file", "list_directory", "run_tests", "run_shell",
+    "grep", "git_diff", "git_log", "http_get", "query_database", "describe_table",
+    "create_ticket", "update_ticket", "send_message", "get_metrics", "get_logs", "calculator",
+    "fetch_document", "summarise", "translate", "schedule_job", "get_user", "list_alerts",
+)
+
+
+def _tools(rng: random.Random) -> list[dict[str, Any]]:
+    names = rng.sample(_TOOL_NAMES, rng.randint(6, 12))
+    tools = []
+    for name in names:
+        props = {}
+        for _ in range(rng.randint(2, 5)):
+            arg = rng.choice(_WORDS) + "_" + rng.choice(("id", "path", "query", "limit", "text"))
+            props[arg] = {"type": rng.choice(("string", "integer", "boolean")),
+                          "description": synthetic_text(rng, rng.randint(8, 30), line_words=40)}
+        tools.append({"type": "function", "function": {
+            "name": name,
+            "description": synthetic_text(rng, rng.randint(40, 140), line_words=40),
+            "parameters": {"type": "object", "properties": props,
+                           "required": sorted(props)[:1]}}})
+    return tools
+
+
+def _agent_conversation(spec: WorkloadSpec, system: str, tools: list[dict[str, Any]],
+                        rng: random.Random, conv: str) -> list[list[dict[str, Any]]]:
+    """The message lists of one agent conversation's requests, in order (each one the whole
+    history so far); stops once the prompt reaches the conversation's target length."""
+    tok = _tokenizer()
+    target = rng.randint(spec.min_history_tokens, spec.max_history_tokens)
+    msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": f"Task: {_question(rng)}.\n"
+                                    + synthetic_text(rng, rng.randint(30, 90))},
+    ]
+    size = (sum(len(tok.encode(json.dumps(t))) for t in tools)
+            + sum(len(tok.encode(m["content"])) + 8 for m in msgs))
+    out = [list(msgs)]
+    step = 0
+    while size < target:
+        fn = rng.choice(tools)["function"]
+        args = {a: (rng.randint(1, 500) if p["type"] == "integer" else
+                    rng.random() < 0.5 if p["type"] == "boolean" else
+                    " ".join(rng.choice(_WORDS) for _ in range(rng.randint(1, 6))))
+                for a, p in fn["parameters"]["properties"].items()}
+        call_id = f"call_{conv}_{step}"
+        arguments = json.dumps(args)
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": call_id, "type": "function",
+             "function": {"name": fn["name"], "arguments": arguments}}]})
+        size += len(tok.encode(arguments)) + 16
+        want = min(rng.randint(200, 1500), max(20, target - size))
+        result = synthetic_text(rng, _words(want))
+        msgs.append({"role": "tool", "tool_call_id": call_id, "content": result})
+        size += len(tok.encode(result)) + 10
+        out.append(list(msgs))
+        step += 1
+    return out
+
+
+def agent(spec: WorkloadSpec) -> Iterator[Request]:
+    rng = random.Random(spec.seed)
+    systems = _system_prompts(spec, rng)
+    toolsets = [_tools(rng) for _ in systems]
+    weights = _zipf_weights(len(systems), spec.zipf_s)
+    convs: list[list[list[dict[str, Any]]]] = []
+    kinds: list[int] = []
+    total = 0
+    while total < spec.requests:
+        a = rng.choices(range(len(systems)), weights)[0]
+        r = random.Random(spec.seed * 1_000_003 + len(convs))
+        steps = _agent_conversation(spec, systems[a], toolsets[a], r, f"{spec.seed}_{len(convs)}")
+        steps = steps[: spec.requests - total]
+        convs.append(steps)
+        kinds.append(a)
+        total += len(steps)
+    for i, (t, c, k) in enumerate(_conversation_events(rng, [len(s) for s in convs], spec.rate)):
+        body = _body(spec, convs[c][k])
+        body["tools"] = toolsets[kinds[c]]
+        yield Request(i, t, CHAT, body, group=f"a{kinds[c]}", conversation=f"agent-{c}", turn=k)
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer() -> Tokenizer:
+    from templates_audit.tokenize import default_tokenizer
+
+    return default_tokenizer()
 
 
 @functools.lru_cache(maxsize=1)
@@ -369,6 +596,8 @@ WORKLOADS = {
     "hot-prefix": hot_prefix,
     "volatile": volatile,
     "mooncake": mooncake,
+    "rag": rag,
+    "agent": agent,
 }
 
 

@@ -2,16 +2,20 @@
 
 Request path (plain ASGI, no middleware stack):
 
-    /v1/*   auth -> in-flight cap (429) -> read body (413) -> validate (400) -> keys.derive ->
-            policy.choose -> conversation / prompt affinity -> proxy.Forwarder.forward (retry before
-            first byte, relay, disconnect)
+    /v1/*   auth -> in-flight cap (429) -> read body (413) -> validate (400) -> model pool
+            (models.select_pool: 404 model_not_found / 503) -> keys.derive -> policy.choose ->
+            conversation / prompt affinity -> LoRA affinity -> proxy.Forwarder.forward (retry
+            before first byte, relay, disconnect); everything after the pool sees only its
+            replicas
             GET /v1/models is answered here: union over available replicas, deduplicated by id
     /health 200 while the process runs        /ready 200 with >= 1 available replica, else 503
     /metrics Prometheus text (on the admin listener instead when `admin.port` is set)
 
 The body is parsed once, for validation and the routing key; the raw bytes are what is sent on.
 Errors raised anywhere before the first response byte are `RouterError`s answered in one place
-(`_answer_error`) in OpenAI error format.
+(`_answer_error`) in OpenAI error format. Connection-level limits (head and body deadlines, head
+sizes, connection caps) are enforced below this app by `router.limits`, through the app's
+`connection_guard`.
 
 Lifespan: startup creates the aiohttp sessions (hot path and control plane), publishes the
 static membership at once, then starts discovery, health probes, the load scrape and the
@@ -28,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -39,12 +42,13 @@ from typing import Any
 import aiohttp
 import uvicorn
 
+from prefix_asgi import Receive, Scope, Send, send_bytes, send_json, serve_lifespan
 from router.accesslog import CLIENT_CLOSED, AccessLog, AccessRecord
-from router.affinity import Affinities
 from router.auth import ClientAuth, upstream_authorization
 from router.body import PROMPT_FIELDS, ClientGone, read_body, validate_body
 from router.discovery import Discovery, make_discovery
 from router.errors import (
+    ModelNotFound,
     NoReplicaAvailable,
     NotFound,
     RouterError,
@@ -53,29 +57,21 @@ from router.errors import (
     error_body,
 )
 from router.health import HealthMonitor
-from router.keys import derive, key_config
+from router.limits import ConnectionGuard, refused_by
 from router.metrics import RouterMetrics
-from router.policy import BoundedLoadPrefixPolicy, Branch, make_policy
-from router.proxy import Forwarder, Receive, Scope, Send, Upstream, make_session
+from router.models import PoolStatus, select_pool
+from router.policy import Branch
+from router.proxy import Forwarder, Upstream, make_session
 from router.replicas import EndpointLike, ReplicaSet
+from router.routing import Router
 from router.settings import Settings, settings_from_env
+from router.usage import UsageTap
 
 log = logging.getLogger("prefix_router")
 
 _REJECT_REASONS = {400: "invalid_request", 401: "unauthorized", 404: "not_found",
                    413: "body_too_large", 429: "overloaded", 502: "upstream_error",
                    503: "no_replica", 504: "upstream_timeout"}
-_JSON = [(b"content-type", b"application/json")]
-
-
-async def send_bytes(send: Send, status: int, body: bytes,
-                     headers: list[tuple[bytes, bytes]]) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def send_json(send: Send, status: int, obj: object) -> None:
-    await send_bytes(send, status, json.dumps(obj).encode(), _JSON)
 
 
 class RouterApp:
@@ -85,16 +81,19 @@ class RouterApp:
         r = settings.routing
         self.metrics = RouterMetrics()
         self.replicas = ReplicaSet((), ring_kind=r.ring, vnodes=r.virtual_nodes)
-        self.policy = make_policy(r.policy, r.load_factor, load_floor=r.load_floor)
-        self.affinity = (Affinities(self.policy.bound, prompt=r.prompt_affinity)
-                         if isinstance(self.policy, BoundedLoadPrefixPolicy) else None)
-        self.key_config = key_config(r)
+        self.router = Router(r, self.replicas)
+        self.policy = self.router.policy
+        self.affinity = self.router.affinity
+        self.key_config = self.router.key_config
         self._key_headers = (self.key_config.key_header.encode(),
                              self.key_config.session_header.encode())
-        self.health = HealthMonitor(settings.health, settings.scrape, self.replicas,
-                                    self.metrics, on_change=self._publish_states)
         self.auth = ClientAuth(settings.auth.client_keys(environ))
         self.upstream_auth = upstream_authorization(settings.auth.upstream_key(environ))
+        auth = self.upstream_auth
+        self.health = HealthMonitor(
+            settings.health, settings.scrape, self.replicas, self.metrics,
+            on_change=self._publish_states,
+            models_headers={auth[0].decode("latin-1"): auth[1].decode("latin-1")} if auth else None)
         self.discovery = discovery
         self.forwarder: Forwarder | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -104,6 +103,8 @@ class RouterApp:
         self._seq = 0
         self._open = 0
         self.access_log = AccessLog() if settings.logging.access_log else None
+        # found by the http= protocol of `prefix-router serve` (router.limits)
+        self.connection_guard = ConnectionGuard(settings.limits, self.metrics, self.access_log)
         self._metrics_here = not settings.admin.enabled
 
     # membership ------------------------------------------------------------------------------
@@ -112,7 +113,9 @@ class RouterApp:
         """Discovery callback: replace the membership (states of survivors are kept)."""
         before = {s.name for s in self.replicas.states()}
         self.replicas.update_membership(list(endpoints))
-        self.health.forget(before - {s.name for s in self.replicas.states()})
+        gone = before - {s.name for s in self.replicas.states()}
+        self.health.forget(gone)
+        self.router.forget(gone)
         self._publish_states()
 
     def _publish_states(self) -> None:
@@ -183,22 +186,6 @@ class RouterApp:
                 break
             await asyncio.sleep(0.01)
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            msg = await receive()
-            if msg["type"] == "lifespan.startup":
-                try:
-                    await self.startup()
-                except Exception as exc:
-                    log.exception("router startup failed")
-                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
-                    return
-                await send({"type": "lifespan.startup.complete"})
-            elif msg["type"] == "lifespan.shutdown":
-                await self.shutdown()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-
     # HTTP ------------------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -210,7 +197,7 @@ class RouterApp:
             elif not await self._own_route(path, send, metrics=self._metrics_here):
                 await self._answer_error(send, NotFound(f"no route for {path}"))
         elif kind == "lifespan":
-            await self._lifespan(receive, send)
+            await serve_lifespan(receive, send, self.startup, self.shutdown, log)
         elif kind == "websocket":
             await send({"type": "websocket.close", "code": 1000})
 
@@ -234,7 +221,9 @@ class RouterApp:
         return True
 
     async def _answer_error(self, send: Send, err: RouterError) -> None:
-        self.metrics.reject(_REJECT_REASONS.get(err.status, "error"))
+        reason = "model_not_found" if isinstance(err, ModelNotFound) else _REJECT_REASONS.get(
+            err.status, "error")
+        self.metrics.reject(reason)
         await send_bytes(send, err.status, error_body(err), err.headers())
 
     async def _api(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -259,10 +248,12 @@ class RouterApp:
             await self._answer_error(send, err)
         except ClientGone:
             record.status = CLIENT_CLOSED
+            # a limits.* deadline ended the body: the guard answered 408 and wrote the line
+            record.limit = refused_by(scope)
         finally:
             if counted:
                 self._open -= 1
-            if self.access_log is not None:
+            if self.access_log is not None and record.limit is None:
                 record.duration_ms = round((time.perf_counter() - t0) * 1000, 3)
                 if record.ttfb_ms is not None:
                     record.ttfb_ms = round(record.ttfb_ms, 3)
@@ -280,24 +271,39 @@ class RouterApp:
         key_hdr, session_hdr = self._key_headers
         key_headers = {n.decode("latin-1"): v.decode("latin-1") for n, v in headers
                        if n == key_hdr or n == session_hdr}
-        key = derive(path, key_headers, parsed, self.key_config)
+        model = parsed.get("model") if parsed is not None else None
+        pool = select_pool(model, self.replicas.states())
+        record.model = pool.label
+        if pool.status is PoolStatus.NOT_FOUND:
+            raise ModelNotFound()
+        if pool.status is PoolStatus.PENDING:
+            raise NoReplicaAvailable("the model lists of some replicas are not known yet",
+                                     retry_after=self._retry_after())
+        if pool.status is PoolStatus.DOWN:
+            raise NoReplicaAvailable("no healthy replica serves the requested model",
+                                     retry_after=self._retry_after())
         self._seq += 1
-        states = self.replicas.states()
-        decision = self.policy.choose(key, states, self.replicas.ring, self._seq)
-        if decision is None:
+        routed = self.router.route(path, key_headers, parsed, self._seq,
+                                   UsageTap() if parsed is not None else None, pool)
+        if routed is None:
             raise NoReplicaAvailable("no healthy replica", retry_after=self._retry_after())
-        if self.affinity is not None:
-            decision = self.affinity.apply(key, decision, states)
+        decision, key = routed.decision, routed.key
         record.branch = decision.branch.value
         record.key_source = key.source.value
         if decision.branch is Branch.SPILL:
-            self.metrics.spill(decision.replica)
+            self.metrics.spill(decision.replica, pool.label)
         ring_key = key.ring_key
         if ring_key is not None:
             self.metrics.observe_key(ring_key)
         assert self.forwarder is not None, "request before lifespan startup"
-        await self.forwarder.forward(scope, receive, send, body if body else None,
-                                     decision.candidates, record)
+        try:
+            await self.forwarder.forward(scope, receive, send, body if body else None,
+                                         decision.candidates, record, routed)
+        finally:
+            served = routed.served_by
+            if served is not None:
+                self.metrics.cached_tokens(served, routed.predicted,
+                                           routed.tap.usage() if routed.tap else None)
 
     def _retry_after(self) -> int:
         return max(1, round(min(self.settings.health.interval,

@@ -1,7 +1,9 @@
 """Every router metric, declared once, on a per-app CollectorRegistry (no global state).
 
 Names and labels are the public interface in docs/architecture.md. Label values are bounded:
-`replica` comes from membership, `branch` from the Branch enum, `status` is the HTTP status code,
+`replica` comes from membership, `model` from the models the membership serves (a name no
+replica lists is `unknown`, see `router.models`; never the client's string), `branch` from the
+Branch enum, `status` is the HTTP status code,
 `reason`/`state` are fixed vocabularies; routing keys and user ids never become labels. Hot-path
 label children are cached in dicts so a proxied request costs a few dict lookups, not a
 `labels()` call per metric.
@@ -14,9 +16,9 @@ prefix ends.
 
 Multiple uvicorn workers: when PROMETHEUS_MULTIPROC_DIR is set (the CLI sets it for --workers > 1)
 prometheus_client keeps values in per-process files and `render()` merges them: counters and
-histograms sum; `in_flight` and `distinct_keys_per_minute` are summed over live workers (the key
-estimate then over-counts keys seen by several workers); `replica_healthy` and `replicas` take
-the max over workers.
+histograms sum; `in_flight`, `connections` and `distinct_keys_per_minute` are summed over live
+workers (the key estimate then over-counts keys seen by several workers); `replica_healthy` and
+`replicas` take the max over workers.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.multiprocess import MultiProcessCollector
+
+from router.usage import Usage
+
+__all__ = ["DURATION_BUCKETS", "DistinctKeys", "REPLICA_STATES", "RouterMetrics", "TTFB_BUCKETS"]
 
 TTFB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -95,13 +101,13 @@ class RouterMetrics:
         r = self.registry = CollectorRegistry(auto_describe=True)
         p = "prefix_router_"
         self.requests = Counter(p + "requests_total", "Proxied requests by replica, routing "
-                                "branch and final status code", ["replica", "branch", "status"],
-                                registry=r)
+                                "branch, final status code and model",
+                                ["replica", "branch", "status", "model"], registry=r)
         self.in_flight = Gauge(p + "in_flight", "Requests this router has open on a replica",
                                ["replica"], registry=r, multiprocess_mode="livesum")
         self.ttfb = Histogram(p + "time_to_first_byte_seconds", "Dispatch to first response "
-                              "byte from the replica", ["replica"], buckets=TTFB_BUCKETS,
-                              registry=r)
+                              "byte from the replica (the TTFT of a stream)", ["replica", "model"],
+                              buckets=TTFB_BUCKETS, registry=r)
         self.duration = Histogram(p + "request_duration_seconds", "Dispatch to end of the "
                                   "relayed response", ["replica"], buckets=DURATION_BUCKETS,
                                   registry=r)
@@ -113,25 +119,38 @@ class RouterMetrics:
         self.healthy = Gauge(p + "replica_healthy", "1 if the replica receives new requests",
                              ["replica"], registry=r, multiprocess_mode="max")
         self.spills = Counter(p + "spills_total", "Requests sent past their home replica because "
-                              "it was over the bounded-load cap, by receiving replica",
-                              ["replica"], registry=r)
+                              "it was over the bounded-load cap, by receiving replica and model",
+                              ["replica", "model"], registry=r)
         self.distinct = Gauge(p + "distinct_keys_per_minute", "Estimated distinct routing keys "
                               "over the last minute (HyperLogLog)", registry=r,
                               multiprocess_mode="livesum")
         self.rejected = Counter(p + "rejected_total", "Requests answered by the router itself",
                                 ["reason"], registry=r)
+        self.connections = Gauge(p + "connections", "Client connections this router process has "
+                                 "open (refused ones excluded)", registry=r,
+                                 multiprocess_mode="livesum")
         self.replicas = Gauge(p + "replicas", "Replicas in membership by state", ["state"],
                               registry=r, multiprocess_mode="max")
         self.scraped = Gauge(p + "replica_scraped_load", "The replica's own load as last "
                              "scraped from its /metrics (the policy's cross-router signal): "
                              "metric=running|waiting|kv_usage", ["replica", "metric"],
                              registry=r, multiprocess_mode="max")
+        self.predicted_cached = Counter(
+            p + "predicted_cached_tokens", "Prompt tokens the router predicted the serving "
+            "replica had cached (prefix index), per served request", ["replica"], registry=r)
+        self.reported_cached = Counter(
+            p + "reported_cached_tokens", "Prompt tokens the replica reported as cached "
+            "(usage.prompt_tokens_details.cached_tokens)", ["replica"], registry=r)
+        self.reported_prompt = Counter(
+            p + "reported_prompt_tokens", "Prompt tokens of the responses that reported cached "
+            "tokens (usage.prompt_tokens)", ["replica"], registry=r)
+        self._cached: dict[str, tuple[Counter, Counter, Counter]] = {}
         self._keys = DistinctKeys()
         self._keys_refreshed = 0.0
         self._known: set[str] = set()
-        self._req: dict[tuple[str, str, int], Counter] = {}
+        self._req: dict[tuple[str, str, int, str], Counter] = {}
         self._inflight: dict[str, Gauge] = {}
-        self._ttfb: dict[str, Histogram] = {}
+        self._ttfb: dict[tuple[str, str], Histogram] = {}
         self._dur: dict[str, Histogram] = {}
 
     # hot path -------------------------------------------------------------------------------
@@ -143,22 +162,38 @@ class RouterMetrics:
         g.inc()
 
     def finished(self, replica: str, branch: str, status: int, ttfb: float | None,
-                 duration: float) -> None:
+                 duration: float, model: str = "unknown") -> None:
         self._inflight[replica].dec()
-        key = (replica, branch, status)
+        key = (replica, branch, status, model)
         c = self._req.get(key)
         if c is None:
-            c = self._req[key] = self.requests.labels(replica, branch, str(status))
+            c = self._req[key] = self.requests.labels(replica, branch, str(status), model)
         c.inc()
         if ttfb is not None:
-            h = self._ttfb.get(replica)
+            hk = (replica, model)
+            h = self._ttfb.get(hk)
             if h is None:
-                h = self._ttfb[replica] = self.ttfb.labels(replica)
+                h = self._ttfb[hk] = self.ttfb.labels(replica, model)
             h.observe(ttfb)
         d = self._dur.get(replica)
         if d is None:
             d = self._dur[replica] = self.duration.labels(replica)
         d.observe(duration)
+
+    def cached_tokens(self, replica: str, predicted: int, usage: Usage | None) -> None:
+        """One served request: the cached tokens predicted for ``replica`` and, when its
+        response carried them, the cached and prompt tokens it reported."""
+        c = self._cached.get(replica)
+        if c is None:
+            c = self._cached[replica] = (self.predicted_cached.labels(replica),
+                                         self.reported_cached.labels(replica),
+                                         self.reported_prompt.labels(replica))
+        if predicted:
+            c[0].inc(predicted)
+        if usage is not None and usage.cached_tokens is not None:
+            c[1].inc(usage.cached_tokens)
+            if usage.prompt_tokens is not None:
+                c[2].inc(usage.prompt_tokens)
 
     def observe_key(self, key: str) -> None:
         self._keys.add(key)
@@ -175,8 +210,8 @@ class RouterMetrics:
     def ejection(self, replica: str, reason: str) -> None:
         self.ejections.labels(replica, reason).inc()
 
-    def spill(self, replica: str) -> None:
-        self.spills.labels(replica).inc()
+    def spill(self, replica: str, model: str = "unknown") -> None:
+        self.spills.labels(replica, model).inc()
 
     def scraped_load(self, replica: str, running: float, waiting: float, kv_usage: float) -> None:
         self.scraped.labels(replica, "running").set(running)
@@ -202,8 +237,9 @@ class RouterMetrics:
                 self._known.discard(name)
                 self._inflight.pop(name, None)
                 self._req = {k: v for k, v in self._req.items() if k[0] != name}
-                self._ttfb.pop(name, None)
+                self._ttfb = {k: v for k, v in self._ttfb.items() if k[0] != name}
                 self._dur.pop(name, None)
+                self._cached.pop(name, None)
                 for family in (self.in_flight, self.healthy):
                     with contextlib.suppress(KeyError):
                         family.remove(name)

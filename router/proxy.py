@@ -35,13 +35,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from yarl import URL
 
+from prefix_asgi import Receive, Scope, Send, advance
 from router.accesslog import CLIENT_CLOSED, AccessRecord
 from router.errors import (
     NoReplicaAvailable,
@@ -55,11 +56,29 @@ from router.health import HealthMonitor
 from router.metrics import RouterMetrics
 from router.replicas import ReplicaSet, ReplicaState
 from router.settings import ProxySettings
+from router.usage import UsageTap
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
+
+class Attempts(Protocol):
+    """What the caller learns of one request's attempts, as they happen (the outcome that
+    routing state is written from). Each method is called from the proxy's hot path."""
+
+    tap: UsageTap | None  # fed every relayed body chunk of the answering attempt
+
+    def started(self, replica: ReplicaState) -> None:
+        """An attempt on ``replica`` was dispatched."""
+
+    def served(self, replica: ReplicaState, status: int) -> None:
+        """``replica``'s response head and first body chunk arrived and are being relayed."""
+
+    def ended(self, replica: ReplicaState) -> None:
+        """The attempt on ``replica`` is over, however it ended (after `started`)."""
+
+
+__all__ = [
+    "Attempts", "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog", "REPLICA_HEADER",
+    "RETRY_STATUSES", "Upstream", "make_session", "strip_hop_by_hop"
+]
 
 HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate",
                         b"proxy-authorization", b"proxy-connection", b"te", b"trailer",
@@ -149,10 +168,10 @@ class DisconnectWatch:
     returns ``http.disconnect`` - without an asyncio Task.
 
     A Task per request (create, schedule, cancel, one more loop pass to unwind the
-    cancellation) cost ~50 us of router CPU per request on the benchmark machine. This steps
-    the ``receive()`` coroutine itself, the way a Task does: each ``send(None)`` runs it to its
-    next await, which yields the future it waits on (asyncio's ``Future.__await__`` protocol);
-    the future's done-callback steps it again. ``close()`` detaches and closes the coroutine
+    cancellation) costs router CPU on every request (``scripts/bench_stepping.py``). This steps
+    the ``receive()`` coroutine itself with `prefix_asgi.advance`, the way a Task does: each step
+    runs it to its next await and returns the future it waits on; the future's done-callback
+    steps it again. ``close()`` detaches and closes the coroutine
     (its ``finally`` blocks run, e.g. uvicorn's event-waiter cleanup).
     """
 
@@ -171,7 +190,7 @@ class DisconnectWatch:
             return
         self._fut = None
         try:
-            waiting = self._coro.send(None)
+            waiting = advance(self._coro)
         except StopIteration as stop:
             self._done = True
             msg = stop.value
@@ -181,12 +200,11 @@ class DisconnectWatch:
         except BaseException:  # receive() failed: nothing left to watch
             self._done = True
             return
-        if asyncio.isfuture(waiting):
-            waiting._asyncio_future_blocking = False  # what a Task does with what it awaits
+        if waiting is None:  # a bare yield (sleep(0)): step again on the next loop pass
+            self._loop.call_soon(self._step)
+        else:
             self._fut = waiting
             waiting.add_done_callback(self._step)
-        else:  # a bare yield (sleep(0)): step again on the next loop pass
-            self._loop.call_soon(self._step)
 
     def close(self) -> None:
         if self._done:
@@ -228,7 +246,8 @@ class Forwarder:
         return [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers]
 
     async def forward(self, scope: Scope, receive: Receive, send: Send, body: bytes | None,
-                      candidates: Iterable[str], record: AccessRecord) -> None:
+                      candidates: Iterable[str], record: AccessRecord,
+                      attempts: Attempts | None = None) -> None:
         """Proxy with retries; watches for client disconnect. Raises RouterError before any
         byte was sent (the caller answers it); returns once the response ended."""
         task = asyncio.current_task()
@@ -242,7 +261,7 @@ class Forwarder:
 
         watch = DisconnectWatch(receive, on_disconnect)
         try:
-            await self._attempts(scope, send, body, candidates, record)
+            await self._attempts(scope, send, body, candidates, record, attempts)
         except asyncio.CancelledError:
             if not gone:
                 raise
@@ -252,7 +271,8 @@ class Forwarder:
             watch.close()
 
     async def _attempts(self, scope: Scope, send: Send, body: bytes | None,
-                        candidates: Iterable[str], record: AccessRecord) -> None:
+                        candidates: Iterable[str], record: AccessRecord,
+                        hooks: Attempts | None) -> None:
         up = self.up
         headers = self.request_headers(scope["headers"])
         method = scope["method"]
@@ -274,7 +294,7 @@ class Forwarder:
             url = self._url(replica.url, raw_path, query)
             try:
                 retry_reason = await self._one(replica, method, url, headers, body, send,
-                                               record, last)
+                                               record, last, hooks)
             except UpstreamError as exc:
                 if not exc.before_response:
                     raise
@@ -290,12 +310,14 @@ class Forwarder:
 
     async def _one(self, replica: ReplicaState, method: str, url: URL,
                    headers: list[tuple[str, str]], body: bytes | None, send: Send,
-                   record: AccessRecord, last: bool) -> str | None:
+                   record: AccessRecord, last: bool, hooks: Attempts | None) -> str | None:
         """One attempt. Returns a retry reason, or None once the response was relayed."""
         up = self.up
         name = replica.name
         replica.in_flight += 1
         up.metrics.dispatched(name)
+        if hooks is not None:
+            hooks.started(replica)
         t0 = time.perf_counter()
         ttfb: float | None = None
         status = CLIENT_CLOSED  # what the metric says if we are cancelled before knowing better
@@ -316,7 +338,7 @@ class Forwarder:
                 up.health.record_failure(replica, "5xx")
                 return f"status_{status}"
             try:
-                ttfb, broken = await self._relay(replica, resp, send, record, t0)
+                ttfb, broken = await self._relay(replica, resp, send, record, t0, hooks)
             except UpstreamError as exc:
                 status = exc.status
                 up.health.record_failure(replica, exc.reason)
@@ -333,6 +355,8 @@ class Forwarder:
             return None
         finally:
             replica.in_flight -= 1
+            if hooks is not None:
+                hooks.ended(replica)
             if resp is not None:
                 if resp.content.is_eof():
                     resp.release()
@@ -341,10 +365,12 @@ class Forwarder:
             record.status = status
             if ttfb is not None:
                 record.ttfb_ms = ttfb * 1000
-            up.metrics.finished(name, record.branch or "", status, ttfb, time.perf_counter() - t0)
+            up.metrics.finished(name, record.branch or "", status, ttfb, time.perf_counter() - t0,
+                                record.model)
 
     async def _relay(self, replica: ReplicaState, resp: aiohttp.ClientResponse, send: Send,
-                     record: AccessRecord, t0: float) -> tuple[float, str | None]:
+                     record: AccessRecord, t0: float, hooks: Attempts | None
+                     ) -> tuple[float, str | None]:
         """Relay status, headers and body. Returns the time to the first body byte and, if the
         upstream failed after the response started, the failure reason."""
         headers = strip_hop_by_hop(resp.raw_headers)
@@ -354,6 +380,12 @@ class Forwarder:
         with translate_upstream(replica.name, "first byte", before_response=True):
             first = await content.readany()
         ttfb = time.perf_counter() - t0
+        tap = None
+        if hooks is not None:
+            hooks.served(replica, resp.status)
+            tap = hooks.tap
+            if tap is not None:
+                tap.feed(first)
         if not first or content.is_eof():
             await send({"type": "http.response.start", "status": resp.status, "headers": headers})
             await send({"type": "http.response.body", "body": first})
@@ -376,6 +408,8 @@ class Forwarder:
                         break
                     watchdog.last = loop.time()
                     sent += len(chunk)
+                    if tap is not None:
+                        tap.feed(chunk)
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except asyncio.CancelledError:
             # the shutdown grace period ran out (uvicorn cancels the task) or the client left

@@ -26,9 +26,18 @@ from urllib.parse import urlsplit
 
 import yaml
 
+__all__ = [
+    "AdminSettings", "AuthSettings", "DISCOVERY_TYPES", "DiscoverySettings", "DnsDiscovery",
+    "HealthSettings", "KubernetesDiscovery", "LOG_LEVELS", "LimitsSettings", "Listen",
+    "LoggingSettings", "POLICIES",
+    "ProxySettings", "RINGS", "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV",
+    "ScrapeSettings", "Settings", "SettingsError", "ShutdownSettings", "load_settings",
+    "parse_backend", "parse_size", "settings_from_env", "write_settings_file"
+]
+
 SETTINGS_ENV = "PREFIX_ROUTER_SETTINGS_FILE"
 
-POLICIES = ("prefix", "round_robin", "least_loaded")
+POLICIES = ("prefix", "cache_aware", "round_robin", "least_loaded")
 RINGS = ("xxhash", "nginx")
 DISCOVERY_TYPES = ("static", "dns", "kubernetes")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -37,6 +46,7 @@ SCHEMES = ("http", "https")
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2,
                "gb": 1000**3, "gib": 1024**3}
+_SELECTOR = re.compile(r"^[\w./-]+=[\w.-]*(,[\w./-]+=[\w.-]*)*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 
 class SettingsError(ValueError):
@@ -165,12 +175,20 @@ class ReplicaSpec:
     name: str
     url: str
     weight: int = 1
+    # the model names (base models, LoRA adapters) the replica serves; None: learn them from
+    # its /v1/models
+    models: tuple[str, ...] | None = None
 
     @classmethod
     def parse(cls, r: _Reader) -> ReplicaSpec:
         name: str = r.check("name", None, "a replica name ([A-Za-z0-9_.:-], <= 63 chars)",
                        lambda v: isinstance(v, str) and bool(_NAME.match(v)))
-        return cls(name=name, url=_url(r, "url"), weight=r.integer("weight", 1, 1, 1000))
+        models = r.check("models", None, "a non-empty list of model names or null",
+                         lambda v: v is None or (isinstance(v, list | tuple) and bool(v) and all(
+                             isinstance(m, str) and m for m in v)),
+                         lambda v: None if v is None else tuple(v))
+        return cls(name=name, url=_url(r, "url"), weight=r.integer("weight", 1, 1, 1000),
+                   models=models)
 
 
 @dataclass(frozen=True)
@@ -194,6 +212,9 @@ class KubernetesDiscovery:
     port_name: str = "http"
     scheme: str = "http"
     kubeconfig: str | None = None
+    # `k=v[,k=v]` over EndpointSlice labels, instead of `service`: one router over several
+    # Services (one per model; Kubernetes copies a Service's labels onto its slices)
+    selector: str | None = None
 
     @classmethod
     def parse(cls, r: _Reader) -> KubernetesDiscovery:
@@ -201,7 +222,10 @@ class KubernetesDiscovery:
                    service=r.string("service", cls.service),
                    port_name=r.string("port_name", cls.port_name),
                    scheme=r.choice("scheme", cls.scheme, SCHEMES),
-                   kubeconfig=r.opt_string("kubeconfig"))
+                   kubeconfig=r.opt_string("kubeconfig"),
+                   selector=r.check("selector", None, "a label selector 'k=v[,k=v]' or null",
+                                    lambda v: v is None or (isinstance(v, str) and bool(
+                                        _SELECTOR.match(v)))))
 
 
 @dataclass(frozen=True)
@@ -237,6 +261,19 @@ class RoutingSettings:
     key_header: str = "X-Prefix-Hash"
     session_header: str = "X-Session-ID"
     prompt_affinity: bool = True
+    # cache_aware (router/pipeline.py): scorer weights, the cost model, the prefix index
+    cache_weight: float = 4.0
+    load_weight: float = 1.0
+    home_weight: float = 0.1
+    decode_tokens: float = 32.0
+    kv_high: float = 0.9
+    cache_load_floor: int = 32
+    min_match_tokens: int = 64
+    match_threshold: float = 0.5
+    chunk_chars: int = 1024
+    chars_per_token: float = 4.0
+    kv_capacity_tokens: int = 262144
+    index_max_entries: int = 65536
 
     @classmethod
     def parse(cls, r: _Reader) -> RoutingSettings:
@@ -249,7 +286,28 @@ class RoutingSettings:
                 max_prefix_chars=r.integer("max_prefix_chars", cls.max_prefix_chars, 1),
                 key_header=r.string("key_header", cls.key_header),
                 session_header=r.string("session_header", cls.session_header),
-                prompt_affinity=r.boolean("prompt_affinity", cls.prompt_affinity))
+                prompt_affinity=r.boolean("prompt_affinity", cls.prompt_affinity),
+                cache_weight=r.number("cache_weight", cls.cache_weight, ge=0),
+                load_weight=r.number("load_weight", cls.load_weight, ge=0),
+                home_weight=r.number("home_weight", cls.home_weight, ge=0),
+                decode_tokens=r.number("decode_tokens", cls.decode_tokens, ge=0),
+                kv_high=r.check("kv_high", cls.kv_high, "a number in [0, 1)",
+                                lambda v: isinstance(v, int | float) and not isinstance(v, bool)
+                                and 0 <= v < 1, float),
+                cache_load_floor=r.integer("cache_load_floor", cls.cache_load_floor, 0,
+                                           1_000_000),
+                min_match_tokens=r.integer("min_match_tokens", cls.min_match_tokens, 0),
+                match_threshold=r.check("match_threshold", cls.match_threshold,
+                                        "a number in [0, 1]",
+                                        lambda v: isinstance(v, int | float)
+                                        and not isinstance(v, bool) and 0 <= v <= 1, float),
+                chunk_chars=r.integer("chunk_chars", cls.chunk_chars, 16, 1 << 20),
+                chars_per_token=r.number("chars_per_token", cls.chars_per_token, gt=0),
+                kv_capacity_tokens=r.integer("kv_capacity_tokens", cls.kv_capacity_tokens, 1),
+                index_max_entries=r.integer("index_max_entries", cls.index_max_entries, 1))
+        if s.cache_weight + s.load_weight + s.home_weight <= 0:
+            raise SettingsError(f"{r.key('cache_weight')}: expected the cache, load and home "
+                                f"weights not all 0, got {s.cache_weight!r}")
         if s.max_prefix_chars < s.min_prefix_chars:
             raise SettingsError(f"{r.key('max_prefix_chars')}: expected an integer >= "
                                 f"min_prefix_chars ({s.min_prefix_chars}), "
@@ -309,6 +367,40 @@ class ProxySettings:
                    max_body_bytes=r.size("max_body_bytes", cls.max_body_bytes),
                    max_in_flight=r.integer("max_in_flight", cls.max_in_flight, 1),
                    replica_header=r.boolean("replica_header", cls.replica_header))
+
+
+@dataclass(frozen=True)
+class LimitsSettings:
+    """Connection-level limits (`router/limits.py` enforces them; docs/router.md compares each
+    with its nginx counterpart). 0 for `max_connections_per_client` means no per-client cap."""
+
+    header_timeout: float = 60.0
+    body_timeout: float = 60.0
+    body_min_rate: int = 8 * 1024
+    keepalive_timeout: float = 75.0
+    max_request_line: int = 8 * 1024
+    max_header_count: int = 100
+    max_header_bytes: int = 32 * 1024
+    max_connections: int = 4096
+    max_connections_per_client: int = 0
+
+    @classmethod
+    def parse(cls, r: _Reader) -> LimitsSettings:
+        s = cls(header_timeout=r.number("header_timeout", cls.header_timeout, gt=0),
+                body_timeout=r.number("body_timeout", cls.body_timeout, gt=0),
+                body_min_rate=r.size("body_min_rate", cls.body_min_rate),
+                keepalive_timeout=r.number("keepalive_timeout", cls.keepalive_timeout, gt=0),
+                max_request_line=r.size("max_request_line", cls.max_request_line),
+                max_header_count=r.integer("max_header_count", cls.max_header_count, 1, 100_000),
+                max_header_bytes=r.size("max_header_bytes", cls.max_header_bytes),
+                max_connections=r.integer("max_connections", cls.max_connections, 1),
+                max_connections_per_client=r.integer("max_connections_per_client",
+                                                     cls.max_connections_per_client, 0))
+        if s.max_connections_per_client > s.max_connections:
+            raise SettingsError(f"{r.key('max_connections_per_client')}: expected an integer <= "
+                                f"max_connections ({s.max_connections}) or 0 (off), "
+                                f"got {s.max_connections_per_client!r}")
+        return s
 
 
 @dataclass(frozen=True)
@@ -377,8 +469,8 @@ class ShutdownSettings:
 _SECTIONS: dict[str, Any] = {
     "listen": Listen, "discovery": DiscoverySettings, "routing": RoutingSettings,
     "health": HealthSettings, "scrape": ScrapeSettings, "proxy": ProxySettings,
-    "auth": AuthSettings, "admin": AdminSettings, "logging": LoggingSettings,
-    "shutdown": ShutdownSettings,
+    "limits": LimitsSettings, "auth": AuthSettings, "admin": AdminSettings,
+    "logging": LoggingSettings, "shutdown": ShutdownSettings,
 }
 
 
@@ -392,6 +484,7 @@ class Settings:
     health: HealthSettings = field(default_factory=HealthSettings)
     scrape: ScrapeSettings = field(default_factory=ScrapeSettings)
     proxy: ProxySettings = field(default_factory=ProxySettings)
+    limits: LimitsSettings = field(default_factory=LimitsSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
     admin: AdminSettings = field(default_factory=AdminSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
@@ -434,8 +527,9 @@ class Settings:
         if policy is not None:
             d["routing"]["policy"] = policy
         if backends:
-            labels = list(names) if names else [f"r{i}" for i in range(len(backends))]
-            d["replicas"] = [{"name": n, "url": u} for n, u in zip(labels, backends, strict=True)]
+            d["replicas"] = [parse_backend(b, i) for i, b in enumerate(backends)]
+            for replica, name in zip(d["replicas"], names or (), strict=False):
+                replica["name"] = name
             d["discovery"]["type"] = "static"
         return Settings.from_dict(d)
 
@@ -443,6 +537,25 @@ class Settings:
         """Cross-section checks that only matter when serving (not when rendering configs)."""
         if self.discovery.type == "static" and not self.replicas:
             raise SettingsError("replicas: static discovery needs at least one replica, got []")
+
+
+def parse_backend(text: str, index: int) -> dict[str, Any]:
+    """A ``--backend`` value as its ``replicas[index]`` entry: ``URL``, ``NAME=URL``,
+    ``URL=WEIGHT`` or ``NAME=URL=WEIGHT`` (a URL has no ``=`` of its own: replicas are base URLs).
+    Unnamed replicas are ``r<index>``; the entry is validated with the rest of the settings."""
+    parts = text.split("=")
+    if len(parts) > 3:
+        raise SettingsError(f"--backend: expected [NAME=]URL[=WEIGHT], got {text!r}")
+    entry: dict[str, Any] = {"name": f"r{index}", "url": parts[-1]}
+    if len(parts) == 3 or (len(parts) == 2 and "://" in parts[0]):
+        try:
+            entry["weight"] = int(parts.pop())
+        except ValueError:
+            raise SettingsError(f"--backend: weight must be an integer, got {text!r}") from None
+    if len(parts) == 2:
+        entry["name"] = parts[0]
+    entry["url"] = parts[-1]
+    return entry
 
 
 def _parse_replicas(value: object) -> tuple[ReplicaSpec, ...]:

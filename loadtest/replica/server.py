@@ -18,14 +18,17 @@ import asyncio
 import itertools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from templates_audit.render import ChatRenderer, TemplateError
-from templates_audit.tokenize import HFTokenizer, Tokenizer, load_tokenizer
+from prefix_asgi import serve_lifespan
+from templates_audit.blocks import block_hashes
+from templates_audit.render import TemplateError
+from templates_audit.tokenize import load_tokenizer
 
 from . import admin, openai_api
 from .asgi import (
+    MAX_BODY,
     AbruptClose,
     BodyTooLarge,
     ClientGone,
@@ -42,9 +45,9 @@ from .asgi import (
 from .config import ReplicaConfig
 from .engine import Engine, EngineLimits, EngineRequest, RequestHandle, Usage
 from .faults import Action, Faults, FaultSpec
-from .metrics import CONTENT_TYPE, CacheConfig, ReplicaMetrics, Snapshot
+from .metrics import CONTENT_TYPE, CacheConfig, LoraConfig, ReplicaMetrics, Snapshot
 from .openai_api import ApiError, Envelope, Job, Kind
-from .prompts import Prompter
+from .prompts import Prompter, renderer_for
 from .timing import TimingModel
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -70,16 +73,6 @@ def fault_spec_of(cfg: ReplicaConfig) -> FaultSpec:
                      stop_after=cfg.fault_stop_after, exit_after=cfg.fault_exit_after)
 
 
-def _renderer(cfg: ReplicaConfig, tokenizer: Tokenizer) -> ChatRenderer:
-    if cfg.chat_template:
-        return ChatRenderer.from_file(cfg.chat_template)
-    if isinstance(tokenizer, HFTokenizer):
-        source = tokenizer.chat_template()
-        if source:
-            return ChatRenderer(source)
-    return ChatRenderer()
-
-
 class Replica:
     """State of one replica (engine, metrics, faults, counters) and its ASGI entry point."""
 
@@ -89,18 +82,21 @@ class Replica:
         self.listener = listener
         self.exit_process = exit_process
         self.tokenizer = load_tokenizer(config.tokenizer)
-        self.renderer = _renderer(config, self.tokenizer)
+        self.renderer = renderer_for(self.tokenizer, config.chat_template)
         self.prompter = Prompter(self.renderer, self.tokenizer, config.block_size)
         self.metrics = ReplicaMetrics(
             config.model, self.snapshot,
-            CacheConfig(block_size=config.block_size, num_gpu_blocks=config.kv_blocks))
+            CacheConfig(block_size=config.block_size, num_gpu_blocks=config.kv_blocks),
+            LoraConfig(config.max_lora) if config.lora else None)
         self.engine = Engine(
             EngineLimits(block_size=config.block_size, kv_blocks=config.kv_blocks,
                          max_num_seqs=config.max_num_seqs,
                          max_num_batched_tokens=config.max_num_batched_tokens,
-                         max_model_len=config.max_model_len, preempt=config.preempt),
+                         max_model_len=config.max_model_len, preempt=config.preempt,
+                         max_loras=config.max_lora),
             TimingModel(step_ms=config.step_ms, prefill_us_per_token=config.prefill_us_per_token,
-                        decode_us_per_seq=config.decode_us_per_seq, speed=config.speed),
+                        decode_us_per_seq=config.decode_us_per_seq, speed=config.speed,
+                        lora_load_ms=config.lora_load_ms),
             observer=self.metrics)
         self.faults = Faults(fault_spec_of(config), seed=config.seed)
         self.engine.slow = self.faults.spec.slow
@@ -144,10 +140,39 @@ class Replica:
         else:
             running, waiting = len(e.running), len(e.waiting)
         st = e.stats
+        running_loras, waiting_loras = e.lora_adapters()
         return Snapshot(running=running, waiting=waiting, kv_usage=e.kv_usage, queries=st.queries,
                         hits=st.hits, prompt_tokens=st.prompt_tokens,
                         generation_tokens=st.generation_tokens, preemptions=st.preemptions,
-                        finished=st.finished, aborts=self.aborts, requests=self.requests)
+                        finished=st.finished, aborts=self.aborts, requests=self.requests,
+                        running_loras=tuple(running_loras), waiting_loras=tuple(waiting_loras))
+
+    @property
+    def can_refuse(self) -> bool:
+        return self.listener is not None
+
+    def admin_stats(self) -> dict[str, Any]:
+        """``GET /admin/stats``: counters, in-flight request ids, queue state, the fault spec."""
+        e = self.engine
+        queue = e.request_ids()
+        return {
+            "name": self.config.name,
+            "pid": os.getpid(),
+            "requests": self.requests,
+            "aborts": self.aborts,
+            "last_abort_at": self.last_abort_at,
+            "in_flight": len(self.in_flight),
+            "in_flight_ids": sorted(self.in_flight),
+            "running": queue["running"],
+            "waiting": queue["waiting"],
+            "finished": e.stats.finished,
+            "preemptions": e.stats.preemptions,
+            "prefix_cache_queries": e.stats.queries,
+            "prefix_cache_hits": e.stats.hits,
+            "kv_cache_usage": e.kv_usage,
+            "steps": e.stats.steps,
+            "faults": self.faults.spec.to_json(),
+        }
 
     def set_faults(self, spec: FaultSpec) -> None:
         self.faults.set(spec)
@@ -169,7 +194,7 @@ class Replica:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "lifespan":
-            await self._lifespan(receive, send)
+            await serve_lifespan(receive, send, self._startup, self.engine.stop)
             return
         if kind != "http":
             return
@@ -196,17 +221,9 @@ class Replica:
         except BodyTooLarge:
             await self.send_error(send, ApiError(413, "request body too large"))
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            msg = await receive()
-            if msg["type"] == "lifespan.startup":
-                if not self.config.instant:
-                    self.engine.start()
-                await send({"type": "lifespan.startup.complete"})
-            elif msg["type"] == "lifespan.shutdown":
-                await self.engine.stop()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+    async def _startup(self) -> None:
+        if not self.config.instant:
+            self.engine.start()
 
     async def send_error(self, send: Send, err: ApiError) -> None:
         await send_json(send, err.status, err.body(), self._headers)
@@ -237,7 +254,7 @@ class Replica:
         if verdict.action is Action.EXIT:
             self.exit_process(self.faults.spec.exit_code)
             return
-        body = await read_body(receive)
+        body = await read_body(receive, MAX_BODY)
         if verdict.action is Action.ERROR:
             await self.send_error(send, ApiError(verdict.status, "injected fault",
                                                  "InternalServerError"))
@@ -249,13 +266,19 @@ class Replica:
             return
         try:
             data = parse_json(body)
+            lora = self._served(data)
             job = (openai_api.parse_chat if kind is Kind.CHAT else openai_api.parse_completion)(
                 data, self.config.default_max_tokens)
             prompt = self.prompter.prompt(job, body)
             pieces, output_ids = prompt.reply
+            hashes: Sequence[int] = prompt.hashes
+            if lora is not None:
+                # vLLM folds the adapter into every block's hash: its blocks match no other
+                # adapter's nor the base model's (here: the chain's first seed)
+                hashes = block_hashes(prompt.ids, self.config.block_size, salt="lora:" + lora)
             req = EngineRequest(rid, prompt.ids, job.max_tokens, output_ids=output_ids,
-                                prompt_hashes=prompt.hashes)
-            env = Envelope(rid, int(time.time()), self.config.model, self.config.name)
+                                prompt_hashes=hashes, lora=lora)
+            env = Envelope(rid, int(time.time()), lora or self.config.model, self.config.name)
             if self.config.instant:
                 usage = self.engine.serve_instant(req)
                 handle = None
@@ -281,6 +304,16 @@ class Replica:
         finally:
             if handle.abort():  # False when it had finished
                 self.last_abort_at = time.time()
+
+    def _served(self, data: Any) -> str | None:
+        """The adapter a request names (None: the base model); a name this replica does not
+        serve is vLLM's 404. A missing model means the base model, as in vLLM."""
+        model = data.get("model") if isinstance(data, dict) else None
+        if not model or model == self.config.model:
+            return None
+        if isinstance(model, str) and model in self.config.lora:
+            return model
+        raise openai_api.ModelNotFound(model, self.config.model)
 
     async def _respond_now(self, job: Job, env: Envelope, pieces: list[str], usage: Usage,
                            send: Send) -> None:
@@ -359,21 +392,23 @@ class Replica:
     # -- informational ---------------------------------------------------------------------------
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.send_json(send, openai_api.models_response(
-            self.config.model, self.model_path, self.config.max_model_len, self.created))
+            self.config.model, self.model_path, self.config.max_model_len, self.created,
+            self.config.lora))
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
         status = self.faults.spec.health_status or 200
-        await send_bytes(send, status, b"", "text/plain", self._headers)
+        await send_bytes(send, status, b"", [(b"content-type", b"text/plain"), *self._headers])
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_bytes(send, 200, self.metrics.render(), CONTENT_TYPE, self._headers)
+        await send_bytes(send, 200, self.metrics.render(),
+                         [(b"content-type", CONTENT_TYPE.encode()), *self._headers])
 
     async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.send_json(send, {"version": "sim"})
 
     async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            data = parse_json(await read_body(receive))
+            data = parse_json(await read_body(receive, MAX_BODY))
             if isinstance(data, dict) and "messages" in data:
                 job = openai_api.parse_chat(data, 1)
             else:

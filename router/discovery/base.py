@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+__all__ = ["Backoff", "Discovery", "Endpoint", "Membership", "Publish", "url_for"]
+
 log = logging.getLogger("router.discovery")
 
 
@@ -33,6 +35,7 @@ class Endpoint:
     weight: int = 1
     ready: bool = True
     terminating: bool = False
+    models: tuple[str, ...] | None = None  # served names, when the source knows them
 
     @property
     def state(self) -> str:

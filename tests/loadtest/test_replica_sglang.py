@@ -75,3 +75,29 @@ def test_sglang_router_registers_and_proxies_to_the_replica(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("name", ["rag", "agent"])
+def test_sglang_router_routes_the_rag_and_agent_workloads_unchanged(
+        name: str, threaded_server: Callable[..., Any], tmp_path: Path) -> None:
+    """Documents in user turns, tools, tool calls with null content and tool results pass
+    sglang-router's request parsing, and reach a replica as the same prompt as sent directly."""
+    pytest.importorskip("sglang_router")
+    from loadtest.setups import Setup, launch, tiny_tokenizer_dir
+    from loadtest.workloads import WorkloadSpec, generate
+
+    model_dir = tiny_tokenizer_dir(tmp_path / "model")
+    replicas = [threaded_server(Replica(ReplicaConfig(name=f"sim-{i}", model_path=str(model_dir),
+                                                      instant=True))) for i in range(2)]
+    reqs = generate(WorkloadSpec(name, requests=12, seed=1, prompts=2, min_prompt_tokens=100,
+                                 max_prompt_tokens=200, min_history_tokens=1500,
+                                 max_history_tokens=2500, stream=False))
+    with launch(Setup("sglang", "cache_aware"),
+                [(f"sim-{i}", r.url) for i, r in enumerate(replicas)], tmp_path) as router:
+        for r in reqs:
+            via = httpx.post(router.url + r.path, content=r.json_bytes(), timeout=30,
+                             headers={"content-type": "application/json"})
+            assert via.status_code == 200, via.text[:500]
+            direct = httpx.post(replicas[0].url + r.path, content=r.json_bytes(), timeout=30,
+                                headers={"content-type": "application/json"})
+            assert via.json()["usage"]["prompt_tokens"] == direct.json()["usage"]["prompt_tokens"]

@@ -46,6 +46,8 @@ def test_hits_match_the_block_pool_projection_on_one_replica() -> None:
         cache.insert(block_hashes(r.prompt_ids, 16), len(r.prompt_ids))
     assert res.hit_rate == pytest.approx(cache.hits / cache.queries)
     assert res.requests == 40 and res.ttft["count"] == 40
+    # one replica, one request at a time: the simulation is its own one-cache ceiling
+    assert res.ceiling["hit_rate"] == pytest.approx(res.hit_rate) and res.of_ceiling == 1.0
 
 
 def test_deterministic() -> None:
@@ -151,3 +153,24 @@ def test_a_bad_trace_line_is_a_usage_error_naming_it(tmp_path: Path,
     assert "t.jsonl:2: hash_ids: expected a non-empty list" in err and "Traceback" not in err
     assert main(["simulate", "--trace", str(tmp_path / "missing.jsonl")]) == 2
     assert "cannot read trace" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["rag", "agent"])
+def test_rag_and_agent_run_through_the_simulation(name: str) -> None:
+    reqs = workload_requests(name, 40, 0, 20.0, prompts=2, min_prompt_tokens=100,
+                             max_prompt_tokens=200, min_history_tokens=1500,
+                             max_history_tokens=3000, min_doc_tokens=50, max_doc_tokens=150)
+    assert name != "agent" or all(r.key_body["tools"] for r in reqs)
+    res = simulate(reqs, SimConfig(replicas=4, kv_blocks=400))
+    assert res.requests == 40 and res.ttft["count"] == 40 and res.rejected == 0
+    assert 0 < res.hit_rate and 0 < res.ceiling["hit_rate"] < 1
+    assert res.ceiling["num_blocks"] == 1600
+
+
+def test_a_request_longer_than_a_replica_is_rejected_not_fatal() -> None:
+    reqs = _reqs(6, 2, spacing=1.0)
+    reqs.insert(3, SimRequest(at=2.5, path="/v1/completions", key_body={"prompt": "x" * 100},
+                              prompt_ids=list(range(2000)), max_tokens=4))
+    res = simulate(reqs, SimConfig(replicas=2, kv_blocks=100))  # 1,600 tokens per replica
+    assert res.rejected == 1 and res.requests == 6 and res.ttft["count"] == 6
+    assert res.ceiling["requests"] == 6  # a replica refuses it, so the ceiling leaves it out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from loadtest.workloads import (
     CHAT,
     COMPLETIONS,
     MooncakeRecord,
+    Request,
     WorkloadSpec,
     generate,
     mooncake_block_text,
@@ -24,11 +26,15 @@ from templates_audit.tokenize import default_tokenizer
 TOK = default_tokenizer()
 
 
-@pytest.mark.parametrize("name", ["shared-prefix", "multi-turn", "hot-prefix", "volatile"])
+@pytest.mark.parametrize("name", ["shared-prefix", "multi-turn", "hot-prefix", "volatile", "rag",
+                                  "agent"])
 def test_same_seed_same_requests(name: str) -> None:
-    a = generate(WorkloadSpec(name, requests=40, seed=7, min_prompt_tokens=100, max_prompt_tokens=200))
-    b = generate(WorkloadSpec(name, requests=40, seed=7, min_prompt_tokens=100, max_prompt_tokens=200))
-    c = generate(WorkloadSpec(name, requests=40, seed=8, min_prompt_tokens=100, max_prompt_tokens=200))
+    small = {"min_prompt_tokens": 100, "max_prompt_tokens": 200, "min_history_tokens": 1500,
+             "max_history_tokens": 3000}
+    a = generate(WorkloadSpec(name, requests=40, seed=7, **small))
+    b = generate(WorkloadSpec(name, requests=40, seed=7, **small))
+    c = generate(WorkloadSpec(name, requests=40, seed=8, **small))
+    assert len(a) == 40
     assert [r.json_bytes() for r in a] == [r.json_bytes() for r in b]
     assert [r.json_bytes() for r in a] != [r.json_bytes() for r in c]
     assert [r.at for r in a] == sorted(r.at for r in a)  # arrival order
@@ -75,6 +81,81 @@ def test_volatile_injects_on_line_two() -> None:
     assert lines[0][0] == lines[1][0]  # line 1 static
     assert lines[0][1] != lines[1][1]  # line 2 volatile
     assert lines[0][2:] == lines[1][2:]  # the rest static
+
+
+def _conversations(reqs: list[Request]) -> dict[str | None, list[Request]]:
+    convs: dict[str | None, list[Request]] = collections.defaultdict(list)
+    for r in reqs:
+        convs[r.conversation].append(r)
+    return convs
+
+
+def test_rag_documents_from_a_shared_pool_inside_the_user_turn() -> None:
+    spec = WorkloadSpec("rag", requests=300, seed=5, prompts=3, min_prompt_tokens=100,
+                        max_prompt_tokens=200, documents=200, turns=3)
+    reqs = generate(spec)
+    assert len(reqs) == 300 and "user" not in reqs[0].body
+    per_turn = []
+    first_docs = collections.Counter()
+    for r in reqs:
+        msgs = r.body["messages"]
+        assert msgs[0]["role"] == "system" and msgs[-1]["role"] == "user"
+        turn = msgs[-1]["content"]
+        docs = [int(d) for d in re.findall(r"^\[\d\] Document (\d+):", turn, re.M)]
+        assert 2 <= len(docs) <= 4 and len(set(docs)) == len(docs)  # 2-4 distinct documents
+        assert turn.index("Document") < turn.index("Question:")  # retrieved docs, then the question
+        assert all(0 <= d < 200 for d in docs)
+        per_turn.append(docs)
+        first_docs[(r.group, docs[0])] += 1
+    used = {d for docs in per_turn for d in docs}
+    assert 40 <= len(used) <= 200  # drawn from the pool of 200
+    # documents are shared between requests, and so is the leading document of one app's requests
+    assert collections.Counter(d for docs in per_turn for d in docs).most_common(1)[0][1] >= 15
+    assert first_docs.most_common(1)[0][1] >= 5
+    # a document's text is the same wherever it appears
+    texts = collections.defaultdict(set)
+    for r in reqs:
+        for part in r.body["messages"][-1]["content"].split("\n\n[")[1:]:
+            d = int(part.split("Document ", 1)[1].split(":", 1)[0])
+            texts[d].add(part.split("] ", 1)[1].split("\n\nQuestion:")[0])
+    assert all(len(v) == 1 for v in texts.values())
+    convs = _conversations(reqs)
+    assert {len(v) for v in convs.values()} == {1, 2, 3}  # 1-turns turns per conversation
+    for turns in convs.values():
+        assert [t.turn for t in turns] == list(range(len(turns)))
+        for prev, nxt in itertools.pairwise(turns):  # a follow-up resends the history
+            assert nxt.body["messages"][: len(prev.body["messages"])] == prev.body["messages"]
+            assert nxt.group == prev.group
+
+
+def test_agent_tool_calling_conversations_grow_to_their_target() -> None:
+    from templates_audit.render import ChatRenderer
+
+    spec = WorkloadSpec("agent", requests=120, seed=2, prompts=2, min_prompt_tokens=200,
+                        max_prompt_tokens=400, min_history_tokens=8000, max_history_tokens=20000)
+    reqs = generate(spec)
+    assert len(reqs) == 120 and "user" not in reqs[0].body
+    render = ChatRenderer().render
+    convs = _conversations(reqs)
+    last = sorted(convs.values(), key=lambda v: v[0].idx)[-1]  # the one the request count cuts
+    for turns in convs.values():
+        assert [t.turn for t in turns] == list(range(len(turns)))
+        tools = turns[0].body["tools"]
+        assert 6 <= len(tools) <= 12 and all(t["type"] == "function" for t in tools)
+        names = {t["function"]["name"] for t in tools}
+        for prev, nxt in itertools.pairwise(turns):
+            pm, nm = prev.body["messages"], nxt.body["messages"]
+            assert nm[: len(pm)] == pm and len(nm) == len(pm) + 2 and nxt.body["tools"] == tools
+            call, result = nm[-2], nm[-1]
+            assert call["role"] == "assistant" and call["content"] is None
+            (tc,) = call["tool_calls"]
+            assert tc["function"]["name"] in names and json.loads(tc["function"]["arguments"])
+            assert result == {"role": "tool", "tool_call_id": tc["id"],
+                              "content": result["content"]}
+        if turns is not last:
+            final = len(TOK.encode(render(turns[-1].body["messages"], tools)))
+            assert 8000 <= final <= 22000, final  # the history grew to 8-20k tokens
+    assert len(convs) >= 5
 
 
 def test_mooncake_block_text_is_exactly_one_block() -> None:

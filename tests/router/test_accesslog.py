@@ -31,7 +31,7 @@ def test_lines_are_json_and_written_only_on_flush() -> None:
     assert [json.loads(ln)["bytes_out"] for ln in lines] == [1, 2]
     assert set(json.loads(lines[0])) == {"method", "path", "status", "replica", "branch",
                                          "key_source", "attempts", "ttfb_ms", "duration_ms",
-                                         "bytes_in", "bytes_out"}
+                                         "bytes_in", "bytes_out", "model"}
     log.flush()  # nothing pending: no write
     assert len(out.writes) == 1
 
@@ -70,3 +70,14 @@ def test_a_closed_stream_loses_lines_but_does_not_raise() -> None:
     log.emit(record(1))
     log.flush()
     log.emit(record(2))  # still usable afterwards
+
+
+def test_limit_field_only_on_lines_a_limit_wrote() -> None:
+    out = Recording()
+    log = AccessLog(lambda: out)
+    log.emit(record(1))
+    log.emit(AccessRecord("-", "-", 408, limit="limits.header_timeout"))
+    log.flush()
+    plain, limited = (json.loads(ln) for ln in out.getvalue().splitlines())
+    assert "limit" not in plain
+    assert limited["limit"] == "limits.header_timeout" and limited["status"] == 408
