@@ -14,7 +14,8 @@ Algorithm (per request whose static part differs from the reference's):
    space are merged, and each span's kind comes from ``classify(before, value, after)``. A pair
    that differs only in whitespace is one ``whitespace`` span.
 4. Rewritten text is one span, not a confetti of word diffs: a line pair whose word diff has
-   :data:`PROSE_RUNS` or more runs of plain words (no detected value), or such runs of
+   :data:`PROSE_RUNS` or more runs of plain words (no detected value, and not shaped like a
+   name or an id: ``Dagný van der Berg · Employee no. E40522 · Region: EMEA`` is three values), or such runs of
    :data:`PROSE_WORDS` words or more in all, is one span over its changed middle; a cluster with two
    or more such lines (retrieved documents, a per-user paragraph) is one multi-line span.
    Replace/insert/delete runs that only blank lines separate are one run (paragraphs).
@@ -35,6 +36,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from templates_audit.detectors import Kind, Match, classify, scan
+from templates_audit.detectors.shapes import id_shaped, name_shaped
 
 __all__ = ["Span", "changed_lines", "changed_range", "common_prefix", "common_suffix",
            "diff_spans", "line_matches", "line_spans"]
@@ -283,7 +285,7 @@ def line_spans(a: str, b: str) -> tuple[Span, ...]:
         sb, eb = _widen(b, *rb)
         runs.append([sa, ea, sb, eb])
     spans = _spans(a, b, runs)
-    prose = [sp for sp in spans if sp.kind == _OTHER]
+    prose = [sp for sp in spans if sp.kind == _OTHER and not _shaped(b[sp.start:sp.end] or a[sp.ref_start:sp.ref_end])]
     if len(prose) >= PROSE_RUNS or max(
             sum(len(_PLAIN.findall(a, sp.ref_start, sp.ref_end)) for sp in prose),
             sum(len(_PLAIN.findall(b, sp.start, sp.end)) for sp in prose)) >= PROSE_WORDS:
@@ -292,6 +294,11 @@ def line_spans(a: str, b: str) -> tuple[Span, ...]:
 
 
 _OTHER = Kind.OTHER.value
+
+
+def _shaped(value: str) -> bool:
+    """A run no detector names that is still a value, not prose: a name or an id by its shape."""
+    return name_shaped(value) or id_shaped(value)
 
 
 def _rewritten(a: str, b: str, runs: list[list[int]]) -> tuple[Span, ...]:
