@@ -80,9 +80,11 @@ class SpanStats:
                 break
             self.pool.add(h)
 
-    def add_value(self, value: str, request: int = 0) -> None:
+    def add_value(self, value: str, request: int = 0, block: str | None = None) -> None:
         """Count one value; ``request``: the template request carrying it (0: the reference's
-        own value, not an observation in trace order)."""
+        own value, not an observation in trace order); ``block``: the value widened to whole
+        lines, what a pool of example lines is judged by (a diff cuts a block's first and last
+        line where they happen to agree with the reference's)."""
         h = xxhash.xxh3_64_intdigest(value.encode("utf-8", "surrogatepass"))
         if request:
             # A gap since the last request that carried a value here: the requests between
@@ -102,8 +104,9 @@ class SpanStats:
             self.name_like += 1
         if any(c.isdigit() for c in value):
             self.digit_values += 1
-        if "\n" in value or " … " in value:
-            for line in value_lines(value):
+        block = value if block is None else block
+        if "\n" in block or " … " in block:
+            for line in value_lines(block):
                 self.pool_lines += 1
                 if len(self.pool) <= POOL_MAX:
                     self.pool.add(hash(line))
@@ -142,6 +145,12 @@ class StaticPart:
     # last span): the reference's first `ach_shared` tokens, then `ach_ids`, this part's own.
     ach_ids: list[int] | None = None
     ach_shared: int = 0
+
+
+def _whole_lines(text: str, start: int, end: int) -> str:
+    """``text[start:end]`` widened to the lines it touches."""
+    stop = text.find("\n", end)
+    return text[text.rfind("\n", 0, start) + 1:len(text) if stop < 0 else stop]
 
 
 def _meets(s0: int, e0: int, s1: int, e1: int) -> bool:
@@ -201,17 +210,21 @@ class TemplateState:
     def observe(self, spans: Sequence[Span], text: str) -> None:
         """Accumulate one request's spans. Spans of one request that land in one span of the
         template (the paragraphs of one block) count as one request and one value (joined)."""
-        values: dict[int, tuple[SpanStats, list[str]]] = {}  # id(stats) -> its values
+        values: dict[int, tuple[SpanStats, list[str], list[str]]] = {}  # id(stats) -> values
         for sp in spans:
             stats = self.stats_for(sp)
             if stats is None:
                 continue
             stats.kinds[sp.kind] += 1
             stats.multi_line |= sp.multi_line
-            values.setdefault(id(stats), (stats, []))[1].append(text[sp.start:sp.end])
-        for stats, vals in values.values():
+            entry = values.setdefault(id(stats), (stats, [], []))
+            entry[1].append(text[sp.start:sp.end])
+            if sp.multi_line:
+                entry[2].append(_whole_lines(text, sp.start, sp.end))
+        for stats, vals, blocks in values.values():
             stats.differed += 1
-            stats.add_value(vals[0] if len(vals) == 1 else " … ".join(vals), self.requests)
+            stats.add_value(vals[0] if len(vals) == 1 else " … ".join(vals), self.requests,
+                            " … ".join(blocks) if blocks else None)
 
     def merged_spans(self) -> list[SpanStats]:
         """The spans in reference order, those that meet after growing apart merged (a span
@@ -239,6 +252,8 @@ class TemplateState:
             return None
         value = self.static_text[sp.ref_start:sp.ref_end]
         st = SpanStats(sp.ref_start, sp.ref_end, self.role_at(sp.ref_start, value))
-        st.add_value(value)  # the reference's own value is one of the distinct values
+        # the reference's own value is one of the distinct values
+        st.add_value(value, block=_whole_lines(self.static_text, sp.ref_start, sp.ref_end)
+                     if sp.multi_line else None)
         self.spans.append(st)
         return st
