@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import random
+import uuid
 
 from templates_audit.analysis import analyze
 from templates_audit.detectors import first_volatile, scan
@@ -165,3 +166,14 @@ def test_a_japanese_name_with_an_honorific_is_a_name() -> None:
     report = analyze(recs)
     assert report.summary.templates == 1
     assert kinds(report) == ["name"]
+
+
+def test_two_values_parted_by_punctuation_are_two_findings() -> None:
+    # "Session <uuid>, <date>." was one `uuid` span: the per-day date was never named.
+    rng = random.Random(7)
+    recs = [chat(f"You are the in-app helper of Copperleaf Pharmacy.\nSession {uuid.UUID(int=rng.getrandbits(128), version=4)}, "
+                 f"2025-03-0{3 + i // 20}.\n{RULES}", i) for i in range(60)]
+    report = analyze(recs)
+    assert kinds(report) == ["date", "uuid"]
+    (date,) = [f for f in report.findings if f.kind == "date"]
+    assert set(date.examples) == {"2025-03-03", "2025-03-04", "2025-03-05"}
