@@ -1,7 +1,8 @@
 """One JSON line per proxied request, written to stdout in batches.
 
 Fields: method, path (without the query string), status, replica, branch, key_source, attempts,
-ttfb_ms, duration_ms, bytes_in, bytes_out. Never the body, prompt text, headers or tokens: the
+ttfb_ms, duration_ms, bytes_in, bytes_out; with tracing on also trace_id and span_id (hex, of the
+request's SERVER span: the line and the trace find each other). Never the body, prompt text, headers or tokens: the
 record type has no field that could hold them. Status 499 marks a client that went away.
 
 Cost: the access log is on every request's path, so it does not go through `logging` (a
@@ -43,16 +44,22 @@ class AccessRecord:
     duration_ms: float = 0.0
     bytes_in: int = 0
     bytes_out: int = 0
+    trace_id: str | None = None  # set by router.tracing when tracing is on
+    span_id: str | None = None
 
 
 def encode(record: AccessRecord) -> str:
     # a literal dict: dataclasses.asdict deep-copies and costs several times more
-    return _ENCODER.encode({
+    line: dict[str, object] = {
         "method": record.method, "path": record.path, "status": record.status,
         "replica": record.replica, "branch": record.branch, "key_source": record.key_source,
         "attempts": record.attempts, "ttfb_ms": record.ttfb_ms,
         "duration_ms": record.duration_ms, "bytes_in": record.bytes_in,
-        "bytes_out": record.bytes_out})
+        "bytes_out": record.bytes_out}
+    if record.trace_id is not None:
+        line["trace_id"] = record.trace_id
+        line["span_id"] = record.span_id
+    return _ENCODER.encode(line)
 
 
 def _stdout() -> TextIO:

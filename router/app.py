@@ -34,7 +34,7 @@ import os
 import socket
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import uvicorn
@@ -58,7 +58,10 @@ from router.metrics import RouterMetrics
 from router.policy import BoundedLoadPrefixPolicy, Branch, make_policy
 from router.proxy import Forwarder, Receive, Scope, Send, Upstream, make_session
 from router.replicas import EndpointLike, ReplicaSet
-from router.settings import Settings, settings_from_env
+from router.settings import Settings, SettingsError, settings_from_env
+
+if TYPE_CHECKING:  # router.tracing imports opentelemetry: only loaded when tracing is on
+    from router.tracing import RequestTrace, Tracing
 
 log = logging.getLogger("prefix_router")
 
@@ -104,6 +107,8 @@ class RouterApp:
         self._seq = 0
         self._open = 0
         self.access_log = AccessLog() if settings.logging.access_log else None
+        self.tracing: Tracing | None = None  # made in startup when tracing is on
+        self._environ = environ
         self._metrics_here = not settings.admin.enabled
 
     # membership ------------------------------------------------------------------------------
@@ -127,6 +132,7 @@ class RouterApp:
 
     async def startup(self) -> None:
         s = self.settings
+        self.tracing = start_tracing(s, self._environ)
         self._session = make_session(s.proxy)
         self._control = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
                                               cookie_jar=aiohttp.DummyCookieJar())
@@ -164,6 +170,9 @@ class RouterApp:
             if session is not None:
                 await session.close()
         self._session = self._control = None
+        if self.tracing is not None:  # flushes queued spans; the export may wait on the network
+            tracing, self.tracing = self.tracing, None
+            await asyncio.to_thread(tracing.shutdown)
 
     async def _start_admin(self) -> None:
         admin = self.settings.admin
@@ -242,6 +251,7 @@ class RouterApp:
         method: str = scope["method"]
         path: str = scope["path"]
         record = AccessRecord(method, path)
+        trace = None if self.tracing is None else self.tracing.request(scope, record)
         counted = False
         try:
             self.auth.check(scope["headers"])
@@ -253,7 +263,7 @@ class RouterApp:
                 raise TooManyRequests("router at max_in_flight; retry shortly", retry_after=1)
             self._open += 1
             counted = True
-            await self._route(scope, receive, send, record)
+            await self._route(scope, receive, send, record, trace)
         except RouterError as err:
             record.status = err.status
             await self._answer_error(send, err)
@@ -262,6 +272,8 @@ class RouterApp:
         finally:
             if counted:
                 self._open -= 1
+            if trace is not None:
+                trace.finish(record)
             if self.access_log is not None:
                 record.duration_ms = round((time.perf_counter() - t0) * 1000, 3)
                 if record.ttfb_ms is not None:
@@ -269,7 +281,7 @@ class RouterApp:
                 self.access_log.emit(record)
 
     async def _route(self, scope: Scope, receive: Receive, send: Send,
-                     record: AccessRecord) -> None:
+                     record: AccessRecord, trace: RequestTrace | None) -> None:
         headers = scope["headers"]
         path: str = scope["path"]
         body = await read_body(receive, headers, self.settings.proxy.max_body_bytes)
@@ -290,6 +302,8 @@ class RouterApp:
             decision = self.affinity.apply(key, decision, states)
         record.branch = decision.branch.value
         record.key_source = key.source.value
+        if trace is not None:
+            trace.routed(parsed, key, decision)
         if decision.branch is Branch.SPILL:
             self.metrics.spill(decision.replica)
         ring_key = key.ring_key
@@ -297,7 +311,7 @@ class RouterApp:
             self.metrics.observe_key(ring_key)
         assert self.forwarder is not None, "request before lifespan startup"
         await self.forwarder.forward(scope, receive, send, body if body else None,
-                                     decision.candidates, record)
+                                     decision.candidates, record, trace)
 
     def _retry_after(self) -> int:
         return max(1, round(min(self.settings.health.interval,
@@ -344,6 +358,20 @@ async def _flush_every_second(access_log: AccessLog) -> None:
             access_log.flush()
     finally:
         access_log.flush()
+
+
+def start_tracing(settings: Settings, environ: Mapping[str, str]) -> Tracing | None:
+    """The process's tracer when `tracing.enabled` (and OTEL_SDK_DISABLED is not true), else
+    None; the only place router.tracing, and so opentelemetry, is imported."""
+    t = settings.tracing
+    if not t.enabled or environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    try:
+        from router.tracing import Tracing
+    except ImportError as exc:
+        raise SettingsError(f"tracing.enabled: true needs the otel extra (pip install "
+                            f"'prefix-router[otel]'), got ImportError: {exc}") from exc
+    return Tracing(t, settings.routing.policy, environ)
 
 
 def create_app(settings: Settings, *, discovery: Discovery | None = None) -> RouterApp:

@@ -37,7 +37,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from yarl import URL
@@ -60,6 +60,19 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+
+
+class AttemptTrace(Protocol):
+    """What the proxy reports of each attempt to a request's trace (`router.tracing.
+    RequestTrace`). Absent (None) when tracing is off: one `is None` test per attempt."""
+
+    def attempt(self, replica: str, url: URL, method: str,
+                headers: list[tuple[str, str]]) -> list[tuple[str, str]]: ...
+
+    def attempt_end(self, status: int | None, ttfb_ms: float | None, failure: str | None,
+                    retried: bool) -> None: ...
+
+    def disconnected(self) -> None: ...
 
 HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate",
                         b"proxy-authorization", b"proxy-connection", b"te", b"trailer",
@@ -228,7 +241,8 @@ class Forwarder:
         return [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers]
 
     async def forward(self, scope: Scope, receive: Receive, send: Send, body: bytes | None,
-                      candidates: Iterable[str], record: AccessRecord) -> None:
+                      candidates: Iterable[str], record: AccessRecord,
+                      trace: AttemptTrace | None = None) -> None:
         """Proxy with retries; watches for client disconnect. Raises RouterError before any
         byte was sent (the caller answers it); returns once the response ended."""
         task = asyncio.current_task()
@@ -242,17 +256,20 @@ class Forwarder:
 
         watch = DisconnectWatch(receive, on_disconnect)
         try:
-            await self._attempts(scope, send, body, candidates, record)
+            await self._attempts(scope, send, body, candidates, record, trace)
         except asyncio.CancelledError:
             if not gone:
                 raise
             task.uncancel()
             record.status = CLIENT_CLOSED
+            if trace is not None:
+                trace.disconnected()
         finally:
             watch.close()
 
     async def _attempts(self, scope: Scope, send: Send, body: bytes | None,
-                        candidates: Iterable[str], record: AccessRecord) -> None:
+                        candidates: Iterable[str], record: AccessRecord,
+                        trace: AttemptTrace | None) -> None:
         up = self.up
         headers = self.request_headers(scope["headers"])
         method = scope["method"]
@@ -274,7 +291,7 @@ class Forwarder:
             url = self._url(replica.url, raw_path, query)
             try:
                 retry_reason = await self._one(replica, method, url, headers, body, send,
-                                               record, last)
+                                               record, last, trace)
             except UpstreamError as exc:
                 if not exc.before_response:
                     raise
@@ -290,23 +307,26 @@ class Forwarder:
 
     async def _one(self, replica: ReplicaState, method: str, url: URL,
                    headers: list[tuple[str, str]], body: bytes | None, send: Send,
-                   record: AccessRecord, last: bool) -> str | None:
+                   record: AccessRecord, last: bool, trace: AttemptTrace | None) -> str | None:
         """One attempt. Returns a retry reason, or None once the response was relayed."""
         up = self.up
         name = replica.name
+        if trace is not None:
+            headers = trace.attempt(name, url, method, headers)
         replica.in_flight += 1
         up.metrics.dispatched(name)
         t0 = time.perf_counter()
         ttfb: float | None = None
         status = CLIENT_CLOSED  # what the metric says if we are cancelled before knowing better
         resp: aiohttp.ClientResponse | None = None
+        failure: str | None = "cancelled"  # for the trace: why the attempt did not succeed
         try:
             try:
                 with translate_upstream(name, "connect/headers", before_response=True):
                     resp = await up.session.request(method, url, data=body, headers=headers,
                                                     timeout=self._timeout, allow_redirects=False)
             except UpstreamError as exc:
-                status = exc.status
+                status, failure = exc.status, exc.reason
                 up.health.record_failure(replica, exc.reason)
                 raise
             status = resp.status
@@ -314,16 +334,18 @@ class Forwarder:
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
                     await resp.read()
                 up.health.record_failure(replica, "5xx")
-                return f"status_{status}"
+                failure = f"status_{status}"
+                return failure
             try:
                 ttfb, broken = await self._relay(replica, resp, send, record, t0)
             except UpstreamError as exc:
-                status = exc.status
+                status, failure = exc.status, exc.reason
                 up.health.record_failure(replica, exc.reason)
                 raise
             except asyncio.CancelledError:
                 status = CLIENT_CLOSED
                 raise
+            failure = broken
             if broken is not None:
                 up.health.record_failure(replica, broken)
             elif status >= 500:
@@ -339,9 +361,11 @@ class Forwarder:
                 else:  # half-read: never back to the pool; closing makes vLLM abort
                     resp.close()
             record.status = status
-            if ttfb is not None:
-                record.ttfb_ms = ttfb * 1000
             up.metrics.finished(name, record.branch or "", status, ttfb, time.perf_counter() - t0)
+            if trace is not None:
+                relayed = record.ttfb_ms is not None
+                trace.attempt_end(None if resp is None else resp.status, record.ttfb_ms,
+                                  failure, not (last or relayed or failure == "cancelled"))
 
     async def _relay(self, replica: ReplicaState, resp: aiohttp.ClientResponse, send: Send,
                      record: AccessRecord, t0: float) -> tuple[float, str | None]:
@@ -354,6 +378,7 @@ class Forwarder:
         with translate_upstream(replica.name, "first byte", before_response=True):
             first = await content.readany()
         ttfb = time.perf_counter() - t0
+        record.ttfb_ms = ttfb * 1000  # here, not by the caller: a cancelled relay keeps it
         if not first or content.is_eof():
             await send({"type": "http.response.start", "status": resp.status, "headers": headers})
             await send({"type": "http.response.body", "body": first})
