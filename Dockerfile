@@ -11,6 +11,7 @@ COPY pyproject.toml README.md ./
 COPY router ./router
 COPY templates_audit ./templates_audit
 COPY loadtest ./loadtest
+COPY prefix_asgi ./prefix_asgi
 RUN pip install ".[kubernetes]" && pip uninstall -y pip setuptools wheel
 
 FROM python:3.11-slim

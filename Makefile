@@ -25,10 +25,11 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/prefix-router serve --port $${PORT:-8000}
+	$(VENV)/bin/prefix-loadtest demo --port $${PORT:-8000}
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 
 test: $(STAMP)

@@ -25,6 +25,8 @@ class Subcommand:
 SUBCOMMANDS: dict[str, Subcommand] = {
     "replica": Subcommand("loadtest.replica.process", "run one simulated vLLM replica"),
     "fleet": Subcommand("loadtest.fleet", "run N simulated replicas (one process each)"),
+    "demo": Subcommand("loadtest.demo", "the quick start: the router in front of 4 simulated "
+                       "replicas (`make run`)"),
     "run": Subcommand("loadtest.runner", "drive a workload against a router or replicas"),
     "compare": Subcommand("loadtest.compare", "compare routers on the same workload"),
     "overhead": Subcommand("loadtest.overhead", "measure the router's per-request overhead"),

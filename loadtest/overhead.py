@@ -13,8 +13,8 @@ round), so slow drift in the shared machine's load falls on every setup alike. P
 
 * concurrency 1 (``--latency-requests``): client-side E2E p50/p99; *added p50* = the setup's p50
   minus direct's p50 in the same mode (same run, same machine, minutes apart);
-* concurrency ``--concurrency`` (``--cpu-requests``): proxy CPU = utime+stime of the proxy's
-  process tree (``/proc/<pid>/stat``, nginx workers included) after minus before, divided by
+* concurrency ``--concurrency`` (``--cpu-requests``): proxy CPU = on-CPU time of the proxy's
+  process tree (`loadtest.setups.cpu_seconds`, nginx workers included) after minus before, divided by
   requests (CPU/request) and, streamed, by relayed content chunks (CPU/chunk = CPU per streamed
   request / chunks per request; an upper bound on the marginal per-chunk cost). For ``direct``
   the process is the replica itself.
@@ -37,8 +37,9 @@ round), so slow drift in the shared machine's load falls on every setup alike. P
   these cells (``replica_capacity_vs_router_*``; from the concurrency cells when they are
   skipped).
 
-Ratios against sglang-router are computed from the same run (`ratios`). CPU time has 10 ms
-resolution (clock ticks), so the CPU runs are sized to use at least a few seconds of it.
+Ratios against sglang-router are computed from the same run (`ratios`). CPU time is read to the
+nanosecond (schedstat), but one reading carries scheduler noise, so the CPU runs are sized to use
+at least a few seconds of it.
 """
 
 from __future__ import annotations

@@ -13,13 +13,12 @@ router's cost that the stack itself sets is measured in the same run.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
 
 import aiohttp
 import uvicorn
 
-Message = MutableMapping[str, Any]
+from prefix_asgi import Receive, Scope, Send, serve_lifespan
+
 _HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length",
                   b"host", b"te", b"trailer", b"upgrade", b"proxy-connection"})
 
@@ -29,20 +28,18 @@ class PassThrough:
         self.upstream = upstream.rstrip("/")
         self.session: aiohttp.ClientSession | None = None
 
-    async def __call__(self, scope: Message, receive: Callable[[], Awaitable[Message]],
-                       send: Callable[[Message], Awaitable[None]]) -> None:
+    async def _startup(self) -> None:
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                             auto_decompress=False)
+
+    async def _shutdown(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    self.session = aiohttp.ClientSession(
-                        connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    if self.session is not None:
-                        await self.session.close()
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await serve_lifespan(receive, send, self._startup, self._shutdown)
+            return
         if scope["type"] != "http" or self.session is None:
             return
         chunks = []

@@ -21,7 +21,8 @@ the PID it started, waits, then SIGKILLs. Every listener binds 127.0.0.1 only.
 
 The Rust routers log every request at INFO; they run with ``--log-level warn`` and
 ``RUST_LOG=warn`` and their output goes to a log file in ``workdir``. Process CPU time
-(`cpu_seconds`) sums utime+stime of the PID and its descendants (nginx workers) from /proc.
+(`cpu_seconds`) sums the on-CPU nanoseconds of the PID and its descendants (nginx workers) from
+/proc/<pid>/task/<tid>/schedstat.
 """
 
 from __future__ import annotations
@@ -141,10 +142,16 @@ class Launched:
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime+stime of ``pid`` and all its live descendants, in seconds (Linux /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
+    """On-CPU time of ``pid`` and all its live descendants, in seconds, to the nanosecond.
+
+    Per thread, the first field of ``/proc/<pid>/task/<tid>/schedstat`` (the scheduler's
+    ``sum_exec_runtime``, ns), summed over the live threads of every process in the tree; the
+    tree comes from the parent field of ``/proc/<pid>/stat``. Not utime+stime from ``stat``: those
+    count 10 ms clock ticks, so a short run on a busy machine could read zero. A thread that
+    exits between two readings takes its time with it (the proxies measured here serve on
+    long-lived threads and processes). A process that is gone reads 0.
+    """
     parents: dict[int, int] = {}
-    times: dict[int, float] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -154,14 +161,27 @@ def cpu_seconds(pid: int) -> float:
         except OSError:
             continue
         # the command name may contain spaces and parentheses: fields start after the last ')'
-        fields = stat[stat.rindex(b")") + 2:].split()
-        parents[int(entry)] = int(fields[1])
-        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
-    total, stack = 0.0, [pid]
+        parents[int(entry)] = int(stat[stat.rindex(b")") + 2:].split()[1])
+    total_ns, stack = 0, [pid]
     while stack:
         p = stack.pop()
-        total += times.get(p, 0.0)
+        total_ns += _threads_runtime_ns(p)
         stack.extend(c for c, pp in parents.items() if pp == p)
+    return total_ns / 1e9
+
+
+def _threads_runtime_ns(pid: int) -> int:
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    total = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as fh:
+                total += int(fh.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
     return total
 
 

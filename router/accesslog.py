@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
+__all__ = ["AccessLog", "AccessRecord", "CLIENT_CLOSED", "PIPE_BUF", "encode"]
+
 CLIENT_CLOSED = 499
 PIPE_BUF = 4096
 _FLUSH_AT = 64 * 1024

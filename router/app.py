@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -39,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import uvicorn
 
+from prefix_asgi import Receive, Scope, Send, send_bytes, send_json, serve_lifespan
 from router.accesslog import CLIENT_CLOSED, AccessLog, AccessRecord
 from router.affinity import Affinities
 from router.auth import ClientAuth, upstream_authorization
@@ -56,7 +56,7 @@ from router.health import HealthMonitor
 from router.keys import derive, key_config
 from router.metrics import RouterMetrics
 from router.policy import BoundedLoadPrefixPolicy, Branch, make_policy
-from router.proxy import Forwarder, Receive, Scope, Send, Upstream, make_session
+from router.proxy import Forwarder, Upstream, make_session
 from router.replicas import EndpointLike, ReplicaSet
 from router.settings import Settings, SettingsError, settings_from_env
 
@@ -68,17 +68,6 @@ log = logging.getLogger("prefix_router")
 _REJECT_REASONS = {400: "invalid_request", 401: "unauthorized", 404: "not_found",
                    413: "body_too_large", 429: "overloaded", 502: "upstream_error",
                    503: "no_replica", 504: "upstream_timeout"}
-_JSON = [(b"content-type", b"application/json")]
-
-
-async def send_bytes(send: Send, status: int, body: bytes,
-                     headers: list[tuple[bytes, bytes]]) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def send_json(send: Send, status: int, obj: object) -> None:
-    await send_bytes(send, status, json.dumps(obj).encode(), _JSON)
 
 
 class RouterApp:
@@ -192,22 +181,6 @@ class RouterApp:
                 break
             await asyncio.sleep(0.01)
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            msg = await receive()
-            if msg["type"] == "lifespan.startup":
-                try:
-                    await self.startup()
-                except Exception as exc:
-                    log.exception("router startup failed")
-                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
-                    return
-                await send({"type": "lifespan.startup.complete"})
-            elif msg["type"] == "lifespan.shutdown":
-                await self.shutdown()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-
     # HTTP ------------------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -219,7 +192,7 @@ class RouterApp:
             elif not await self._own_route(path, send, metrics=self._metrics_here):
                 await self._answer_error(send, NotFound(f"no route for {path}"))
         elif kind == "lifespan":
-            await self._lifespan(receive, send)
+            await serve_lifespan(receive, send, self.startup, self.shutdown, log)
         elif kind == "websocket":
             await send({"type": "websocket.close", "code": 1000})
 

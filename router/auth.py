@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 
 from router.errors import Unauthorized
 
+__all__ = ["ClientAuth", "bearer_token", "upstream_authorization"]
+
 _BEARER = b"bearer "
 
 

@@ -7,8 +7,9 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from prefix_asgi import BodyTooLarge, ClientGone, Receive
+from prefix_asgi import read_body as read_all
 from router.errors import InvalidRequest, PayloadTooLarge
-from router.proxy import Receive
 
 __all__ = ["PROMPT_FIELDS", "ClientGone", "read_body", "validate_body"]
 
@@ -22,10 +23,6 @@ _OPTIONAL_TYPES: tuple[tuple[str, tuple[type, ...], str], ...] = (
     ("model", (str,), "a string"),
     ("stream", (bool,), "a boolean"),
 )
-
-
-class ClientGone(Exception):
-    """The client disconnected before its request body was complete."""
 
 
 async def read_body(receive: Receive, headers: Iterable[tuple[bytes, bytes]], limit: int) -> bytes:
@@ -42,20 +39,10 @@ async def read_body(receive: Receive, headers: Iterable[tuple[bytes, bytes]], li
                 raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of "
                                       f"{limit} bytes")
             break
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            raise ClientGone
-        chunk: bytes = msg.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        if not msg.get("more_body", False):
-            # the usual case is one message: its bytes as they are, no join
-            return b"".join([*chunks, chunk]) if chunks else chunk
-        chunks.append(chunk)
+    try:
+        return await read_all(receive, limit)
+    except BodyTooLarge as exc:
+        raise PayloadTooLarge(str(exc)) from None
 
 
 def validate_body(path: str, headers: Iterable[tuple[bytes, bytes]],

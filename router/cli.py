@@ -2,10 +2,16 @@
 
     prefix-router serve --config router.yaml
     prefix-router serve --backend http://10.0.0.1:8000 --backend http://10.0.0.2:8000 --port 8080
-    prefix-router serve                      # quick-start: embedded simulated fleet of 4
+    prefix-router serve                      # quick start: a simulated fleet of 4 (loadtest.demo)
     prefix-router check-config --config router.yaml
     prefix-router nginx-config --config router.yaml [--out FILE] [--listen ADDR] [--standalone]
+    prefix-router nginx-config --backend a=http://10.0.0.1:8000 --backend http://10.0.0.2:8000=2
     prefix-router hash-key [--path /v1/chat/completions] [--config router.yaml] < body.json
+
+`serve` with neither --config nor --backend runs the quick-start demo when `main` is given one
+(``demo=``): the `prefix-router` console script is `loadtest.demo.router_main`, which passes the
+simulated fleet, so this package never imports the load-test kit (the import contracts in
+pyproject.toml forbid it). `python -m router serve` without replicas exits 2 saying so.
 
 Configuration problems exit with status 2 and one line on stderr naming the key and value.
 Flags override the file (each validated like its YAML key). With `--workers N > 1` uvicorn
@@ -18,15 +24,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, Protocol
 
 from router.settings import (
     POLICIES,
@@ -37,8 +42,25 @@ from router.settings import (
     write_settings_file,
 )
 
+__all__ = [
+    "Demo", "DemoFactory", "add_listen_flags", "add_replica_flags", "build_parser", "main", "serve"
+]
+
 PROG = "prefix-router"
-DEMO_REPLICAS = 4
+
+
+class Demo(Protocol):
+    """Stand-in replicas for `serve` without any (``loadtest.demo`` provides a simulated fleet)."""
+
+    names: Sequence[str]
+    urls: Sequence[str]
+
+    def banner(self, settings: Settings) -> str:
+        """What to print once the router's settings are known (how to try it)."""
+        ...
+
+
+DemoFactory = Callable[[], contextlib.AbstractContextManager[Demo]]
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -53,24 +75,36 @@ def _settings(config: str | None) -> Settings:
         _fail(str(exc))
 
 
+def add_replica_flags(parser: argparse.ArgumentParser) -> None:
+    """Where the replicas come from: ``serve`` and ``nginx-config`` take the same two flags."""
+    parser.add_argument("--config", help="router.yaml (see docs/router.md)")
+    parser.add_argument("--backend", action="append", default=[], metavar="[NAME=]URL[=WEIGHT]",
+                        help="a replica (repeatable): base URL, optionally named and weighted, "
+                             "e.g. http://10.0.0.1:8000, a=http://10.0.0.1:8000, "
+                             "http://10.0.0.1:8000=2; replaces replicas from --config")
+
+
+def add_listen_flags(parser: argparse.ArgumentParser) -> None:
+    """How the router serves (``serve``, and ``prefix-loadtest demo``)."""
+    parser.add_argument("--host", help="listen address (listen.host)")
+    parser.add_argument("--port", type=int, help="listen port (listen.port)")
+    parser.add_argument("--workers", type=int, help="uvicorn worker processes (workers)")
+    parser.add_argument("--policy", choices=POLICIES, help="routing.policy")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="Prefix-cache-aware router for vLLM")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the router")
-    serve.add_argument("--config", help="router.yaml (see docs/router.md)")
-    serve.add_argument("--backend", action="append", default=[], metavar="URL",
-                       help="replica base URL (repeatable); replaces replicas from --config")
-    serve.add_argument("--host", help="listen address (listen.host)")
-    serve.add_argument("--port", type=int, help="listen port (listen.port)")
-    serve.add_argument("--workers", type=int, help="uvicorn worker processes (workers)")
-    serve.add_argument("--policy", choices=POLICIES, help="routing.policy")
+    add_replica_flags(serve)
+    add_listen_flags(serve)
 
     check = sub.add_parser("check-config", help="validate a router.yaml and exit")
     check.add_argument("--config", required=True)
 
     nginx = sub.add_parser("nginx-config", help="render an nginx config for the replicas")
-    nginx.add_argument("--config", required=True)
+    add_replica_flags(nginx)
     nginx.add_argument("--out", help="write here instead of stdout")
     nginx.add_argument("--listen", default="8080",
                        help="nginx listen address for the server block (default 8080)")
@@ -83,11 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, demo: DemoFactory | None = None) -> int:
+    """Run one subcommand; ``demo`` supplies replicas to `serve` when none are configured."""
     args = build_parser().parse_args(argv)
     command: str = args.command
     if command == "serve":
-        return serve(args)
+        return serve(args, demo)
     if command == "check-config":
         settings = _settings(args.config)
         try:
@@ -104,14 +139,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # serve ---------------------------------------------------------------------------------------
 
-def serve(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace, demo: DemoFactory | None = None) -> int:
     settings = _settings(args.config)
-    demo = not args.config and not args.backend
+    quick_start = not args.config and not args.backend
+    if quick_start and demo is None:
+        _fail("serve: no replicas; pass --config or --backend (the quick-start demo with "
+              "simulated replicas is `prefix-router serve` or `prefix-loadtest demo`)")
     with contextlib.ExitStack() as stack:
         backends: list[str] = list(args.backend)
         names: list[str] | None = None
-        if demo:
-            fleet = stack.enter_context(_demo_fleet())
+        fleet: Demo | None = None
+        if quick_start and demo is not None:
+            fleet = stack.enter_context(demo())
             backends, names = list(fleet.urls), list(fleet.names)
         try:
             settings = settings.with_overrides(host=args.host, port=args.port,
@@ -120,43 +159,10 @@ def serve(args: argparse.Namespace) -> int:
             settings.check_runnable()
         except SettingsError as exc:
             _fail(str(exc))
-        if demo:
-            _print_demo(settings)
+        if fleet is not None:
+            print(fleet.banner(settings), flush=True)
         run_uvicorn(settings)
     return 0
-
-
-@contextlib.contextmanager
-def _demo_fleet() -> Iterator[Any]:
-    try:
-        fleet_mod = importlib.import_module("loadtest.fleet")
-    except ImportError as exc:
-        _fail(f"the quick-start demo needs loadtest.fleet ({exc}); "
-              "pass --config or --backend instead")
-    fleet = fleet_mod.Fleet(replicas=DEMO_REPLICAS)
-    fleet.start()
-    try:
-        yield fleet
-    finally:
-        fleet.stop()
-
-
-def _print_demo(settings: Settings) -> None:
-    host = settings.listen.host
-    base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{settings.listen.port}"
-    names = ", ".join(f"{r.name}={r.url}" for r in settings.replicas)
-    print(f"""prefix-router quick start: {len(settings.replicas)} simulated vLLM replicas ({names})
-router on {base}  (Ctrl-C stops the router and the replicas)
-
-  curl {base}/v1/chat/completions -H 'Content-Type: application/json' \\
-    -d '{{"model": "sim-model", "messages": [{{"role": "system", "content": "You are a terse \
-assistant for the demo fleet. Answer in one line."}}, {{"role": "user", "content": "hello"}}]}}' -i
-
-  python -c "import openai; c = openai.OpenAI(base_url='{base}/v1', api_key='none'); \
-print(c.chat.completions.create(model='sim-model', messages=[{{'role': 'user', 'content': 'hi'}}]))"
-
-  curl {base}/metrics | grep prefix_router_requests_total
-""", flush=True)
 
 
 def log_config(settings: Settings) -> dict[str, Any]:
@@ -209,10 +215,14 @@ def run_uvicorn(settings: Settings) -> None:
 # nginx-config / hash-key ---------------------------------------------------------------------
 
 def nginx_config(args: argparse.Namespace) -> int:
+    """The replicas `serve` would route to given the same --config/--backend, as nginx config."""
+    if not args.config and not args.backend:
+        _fail("nginx-config: no replicas; pass --config or --backend")
     settings = _settings(args.config)
     from router.nginx_config import render
 
     try:
+        settings = settings.with_overrides(backends=args.backend)
         text: str = render(settings, listen=args.listen, standalone=args.standalone)
     except (SettingsError, ValueError) as exc:
         _fail(str(exc))

@@ -31,6 +31,12 @@ from types import TracebackType
 
 import aiohttp
 
+__all__ = [
+    "InvalidRequest", "NoReplicaAvailable", "NotFound", "PayloadTooLarge", "RouterError",
+    "StreamCancelled", "TooManyRequests", "Unauthorized", "UpstreamConnectError", "UpstreamError",
+    "UpstreamTimeout", "error_body", "sse_error_event", "translate_upstream"
+]
+
 
 class RouterError(Exception):
     status = 500

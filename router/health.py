@@ -33,6 +33,11 @@ import aiohttp
 from router.metrics import RouterMetrics
 from router.settings import HealthSettings, ScrapeSettings
 
+__all__ = [
+    "HealthMonitor", "KV_USAGE", "RUNNING", "Replica", "Replicas", "VllmLoad", "WAITING",
+    "parse_vllm_metrics"
+]
+
 log = logging.getLogger("prefix_router.health")
 
 RUNNING = "vllm:num_requests_running"

@@ -61,6 +61,7 @@ __all__ = [
     "canonical_prefix",
     "derive",
     "explain",
+    "key_config",
     "prompt_chunks",
 ]
 

@@ -8,7 +8,7 @@ live under nginx's ``-p`` prefix (tests, demos).
 
 Invariants: the upstream lists one ``server host:port`` per replica, sorted by name, with the
 replica's weight, where ``host:port`` is ``router.replicas.address_of(url)`` - the same string
-the router hands to ``router.ring_nginx.NginxRing`` - so nginx and the router build the same
+the router hands to ``router.ring.nginx.NginxRing`` - so nginx and the router build the same
 ring. Every value that reaches the template is validated here, so a rendered file cannot carry
 injected directives. Rendering is pure (reads only the template file) and linear in the replicas.
 """

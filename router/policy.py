@@ -79,6 +79,7 @@ __all__ = [
     "RoundRobinPolicy",
     "load_cap",
     "make_policy",
+    "moved_decision",
 ]
 
 POLICIES = ("prefix", "round_robin", "least_loaded")

@@ -35,13 +35,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
 from yarl import URL
 
+from prefix_asgi import Receive, Scope, Send, advance
 from router.accesslog import CLIENT_CLOSED, AccessRecord
 from router.errors import (
     NoReplicaAvailable,
@@ -56,10 +57,10 @@ from router.metrics import RouterMetrics
 from router.replicas import ReplicaSet, ReplicaState
 from router.settings import ProxySettings
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
+__all__ = [
+    "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog", "REPLICA_HEADER",
+    "RETRY_STATUSES", "Upstream", "make_session", "strip_hop_by_hop"
+]
 
 
 class AttemptTrace(Protocol):
@@ -162,10 +163,10 @@ class DisconnectWatch:
     returns ``http.disconnect`` - without an asyncio Task.
 
     A Task per request (create, schedule, cancel, one more loop pass to unwind the
-    cancellation) cost ~50 us of router CPU per request on the benchmark machine. This steps
-    the ``receive()`` coroutine itself, the way a Task does: each ``send(None)`` runs it to its
-    next await, which yields the future it waits on (asyncio's ``Future.__await__`` protocol);
-    the future's done-callback steps it again. ``close()`` detaches and closes the coroutine
+    cancellation) costs router CPU on every request (``scripts/bench_stepping.py``). This steps
+    the ``receive()`` coroutine itself with `prefix_asgi.advance`, the way a Task does: each step
+    runs it to its next await and returns the future it waits on; the future's done-callback
+    steps it again. ``close()`` detaches and closes the coroutine
     (its ``finally`` blocks run, e.g. uvicorn's event-waiter cleanup).
     """
 
@@ -184,7 +185,7 @@ class DisconnectWatch:
             return
         self._fut = None
         try:
-            waiting = self._coro.send(None)
+            waiting = advance(self._coro)
         except StopIteration as stop:
             self._done = True
             msg = stop.value
@@ -194,12 +195,11 @@ class DisconnectWatch:
         except BaseException:  # receive() failed: nothing left to watch
             self._done = True
             return
-        if asyncio.isfuture(waiting):
-            waiting._asyncio_future_blocking = False  # what a Task does with what it awaits
+        if waiting is None:  # a bare yield (sleep(0)): step again on the next loop pass
+            self._loop.call_soon(self._step)
+        else:
             self._fut = waiting
             waiting.add_done_callback(self._step)
-        else:  # a bare yield (sleep(0)): step again on the next loop pass
-            self._loop.call_soon(self._step)
 
     def close(self) -> None:
         if self._done:

@@ -27,6 +27,14 @@ from urllib.parse import urlsplit
 
 import yaml
 
+__all__ = [
+    "AdminSettings", "AuthSettings", "DISCOVERY_TYPES", "DiscoverySettings", "DnsDiscovery",
+    "HealthSettings", "KubernetesDiscovery", "LOG_LEVELS", "Listen", "LoggingSettings", "POLICIES",
+    "ProxySettings", "RINGS", "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV",
+    "ScrapeSettings", "Settings", "SettingsError", "ShutdownSettings", "load_settings",
+    "parse_backend", "parse_size", "settings_from_env", "write_settings_file"
+]
+
 SETTINGS_ENV = "PREFIX_ROUTER_SETTINGS_FILE"
 
 POLICIES = ("prefix", "round_robin", "least_loaded")
@@ -478,8 +486,9 @@ class Settings:
         if policy is not None:
             d["routing"]["policy"] = policy
         if backends:
-            labels = list(names) if names else [f"r{i}" for i in range(len(backends))]
-            d["replicas"] = [{"name": n, "url": u} for n, u in zip(labels, backends, strict=True)]
+            d["replicas"] = [parse_backend(b, i) for i, b in enumerate(backends)]
+            for replica, name in zip(d["replicas"], names or (), strict=False):
+                replica["name"] = name
             d["discovery"]["type"] = "static"
         return Settings.from_dict(d)
 
@@ -499,6 +508,25 @@ def _otel_installed() -> bool:
             "opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"))
     except ImportError:  # a parent package is missing
         return False
+
+
+def parse_backend(text: str, index: int) -> dict[str, Any]:
+    """A ``--backend`` value as its ``replicas[index]`` entry: ``URL``, ``NAME=URL``,
+    ``URL=WEIGHT`` or ``NAME=URL=WEIGHT`` (a URL has no ``=`` of its own: replicas are base URLs).
+    Unnamed replicas are ``r<index>``; the entry is validated with the rest of the settings."""
+    parts = text.split("=")
+    if len(parts) > 3:
+        raise SettingsError(f"--backend: expected [NAME=]URL[=WEIGHT], got {text!r}")
+    entry: dict[str, Any] = {"name": f"r{index}", "url": parts[-1]}
+    if len(parts) == 3 or (len(parts) == 2 and "://" in parts[0]):
+        try:
+            entry["weight"] = int(parts.pop())
+        except ValueError:
+            raise SettingsError(f"--backend: weight must be an integer, got {text!r}") from None
+    if len(parts) == 2:
+        entry["name"] = parts[0]
+    entry["url"] = parts[-1]
+    return entry
 
 
 def _parse_replicas(value: object) -> tuple[ReplicaSpec, ...]:

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from router.replicas import address_of
 from router.ring import RingMember
-from router.ring_nginx import NginxRing
+from router.ring.nginx import NginxRing
 from router.settings import load_settings
 
 

@@ -414,9 +414,18 @@ def eval_templates(data: Path, requests: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _default_data() -> Path:
+    """``../shared/data`` next to the repository (a worktree under ``wt/`` looks one up more)."""
+    root = Path(__file__).resolve().parents[1]
+    for base in (root.parent, root.parent.parent):
+        if (base / "shared" / "data").is_dir():
+            return base / "shared" / "data"
+    return root.parent / "shared" / "data"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
+    p.add_argument("--data", default=str(_default_data()))
     p.add_argument("--requests", type=int, default=40, help="requests per dynamic prompt")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--json", action="store_true")

@@ -13,14 +13,23 @@ Three lookups, cheapest first:
    there mean equal masked texts.
 3. **similar** (values no detector knows: names, cities, injected paragraphs):
    * multi-line texts vote with their distinct masked lines against an inverted index of every
-     template's reference lines; the best template wins if it shares at least
-     :data:`LINE_SIMILARITY` of the larger line set (lines shared by more than
-     :data:`MAX_POSTING` templates — boilerplate — do not vote);
-   * short texts (fewer than :data:`MIN_LINES` non-empty lines) are compared with recent short
-     templates of the same model: equal but for one middle run of at most :data:`MAX_SHORT_DIFF`
-     characters whose kind (``classify``) is a value (a name, a number...), not prose. So
-     "You are talking to Alice." and "... to Bob." are one template, while "You are a helpful
-     assistant." and "You are a pirate." are two;
+     template's reference lines, each line weighted by its length: the best template wins if
+     the lines it shares hold at least :data:`LINE_SIMILARITY` of the larger text's line
+     characters (lines shared by more than :data:`MAX_POSTING` templates — boilerplate — do not
+     vote). Weighting by length keeps a chat header, ``Current date: …`` and a closing line
+     from making two unrelated short prompts one template. Below :data:`SURE_SIMILARITY` the
+     winner must also align as one skeleton (below) or share the first and last lines
+     (``_same_head``): a long shared paragraph does not make two openings one template;
+   * otherwise the best :data:`SKELETON_CANDIDATES` voted templates (multi-line; sharing at
+     least :data:`CANDIDATE_SHARE` of the line characters) or the recent
+     short templates of the model sharing :data:`WORD_OVERLAP` of their words (fewer than
+     :data:`MIN_LINES` non-empty lines) are aligned with the text word by word
+     (:func:`skeleton_match`): the same static skeleton with at most :data:`MAX_SLOTS` varying
+     slots, each a value (``classify``: a name, a number, an id... — not prose) of at most
+     :data:`MAX_SLOT_WORDS` words. So a prompt whose first sentence names the user is one
+     template, wherever the name sits and however much static text follows, while "You are a
+     help desk bot. Classify …" and "You are the official help desk bot. Extract …" stay two;
+     and "You are a helpful assistant." and "You are a pirate." stay two;
    * multi-line texts that fail the vote join a recent template whose reference begins with the
      same :data:`HEAD_LINES` or more whole non-empty lines and ends with the same whole lines
      (:data:`TAIL_CHARS` or more characters; :meth:`TemplateIndex._same_head`): a fixed preamble
@@ -34,7 +43,9 @@ cache; similar O(lines * posting) or O(recent short templates * len).
 
 from __future__ import annotations
 
+import difflib
 import functools
+import re
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
@@ -43,7 +54,8 @@ import xxhash
 from templates_audit.detectors import Kind, classify
 from templates_audit.findings import changed_range, common_prefix, common_suffix, line_matches
 
-__all__ = ["GUESS_CHARS", "HEAD_LINES", "LINE_SIMILARITY", "TAIL_CHARS", "TemplateIndex", "mask_line"]
+__all__ = ["GUESS_CHARS", "HEAD_LINES", "LINE_SIMILARITY", "TAIL_CHARS", "TemplateIndex", "mask_line",
+           "skeleton_match"]
 
 GUESS_CHARS = 64
 GUESS_TEMPLATES = 4
@@ -55,6 +67,17 @@ MAX_POSTING = 32
 MAX_SHORT_DIFF = 64
 MAX_KEYS = 1 << 16
 RECENT_SHORT = 256
+SKELETON_CANDIDATES = 8
+SURE_SIMILARITY = 0.9  # voted line characters that make a template without aligning
+CANDIDATE_SHARE = 0.3  # voted line characters a template needs to be aligned at all
+WORD_OVERLAP = 0.6  # share of the larger word set a short template must share to be aligned
+MAX_SLOTS = 8  # varying slots of one skeleton match
+MAX_SLOT_WORDS = 8  # whitespace-separated words of one slot (a timestamp is ~6)
+SKELETON_SHARE = 0.6  # characters outside the slots, of the larger text
+PROSE_SLOT_WORDS = 2  # a slot that is no value ("invoices") has at most this many words ...
+PROSE_SHARE = 0.02  # ... and such slots at most this share of the larger text
+MAX_ALIGN_WORDS = 4000
+_TOKEN = re.compile(r"\S+")
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -77,12 +100,68 @@ def _h(text: str) -> int:
     return xxhash.xxh3_64_intdigest(text.encode("utf-8", "surrogatepass"))
 
 
+def skeleton_match(ref: str, text: str, value_like: Callable[[str, str, str], bool]) -> bool:
+    """Whether ``text`` is ``ref``'s static skeleton with values in at most :data:`MAX_SLOTS`
+    slots: the lines where they differ (``changed_range``) aligned word by word (whitespace
+    tokens, ``difflib`` without autojunk), every differing run of at most
+    :data:`MAX_SLOT_WORDS` words on either side and ``value_like`` (its request-side text, or
+    the reference's for a deletion) — or a word or two of prose that together are at most
+    :data:`PROSE_SHARE` of the text (a lowercase value in a long prompt) — and the slots
+    together at most ``1 - SKELETON_SHARE`` of the larger text. Cost: O(words of the changed lines ^ 2) at worst, once per new static
+    text that the cheaper lookups missed."""
+    lo, hi = changed_range(ref, text)
+    a, b = ref[lo:hi], text[lo:len(text) - (len(ref) - hi)]
+    wa = [m.span() for m in _TOKEN.finditer(a)]
+    wb = [m.span() for m in _TOKEN.finditer(b)]
+    if max(len(wa), len(wb)) > MAX_ALIGN_WORDS:
+        return False
+    sm = difflib.SequenceMatcher(None, [a[x:y] for x, y in wa], [b[x:y] for x, y in wb],
+                                 autojunk=False)
+    slots = varying = prose = 0
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        if tag == "equal":
+            continue
+        slots += 1
+        if slots > MAX_SLOTS or max(i2 - i1, j2 - j1) > MAX_SLOT_WORDS:
+            return False
+        na = wa[i2 - 1][1] - wa[i1][0] if i2 > i1 else 0
+        nb = wb[j2 - 1][1] - wb[j1][0] if j2 > j1 else 0
+        src, x, y = (b, wb[j1][0], wb[j2 - 1][1]) if j2 > j1 else (a, wa[i1][0], wa[i2 - 1][1])
+        if max(i2 - i1, j2 - j1) > PROSE_SLOT_WORDS or not value_like(
+                src[max(0, x - 96):x], src[x:y], src[y:y + 96]):
+            prose += max(na, nb)
+        varying += max(na, nb)
+    larger = max(len(ref), len(text))
+    return varying <= (1 - SKELETON_SHARE) * larger and prose <= PROSE_SHARE * larger
+
+
 def _value_like(before: str, value: str, after: str) -> bool:
     if not value.strip() or len(value.split()) > 6:
         return False
+    if len(value.split()) == 1 and any(c.isdigit() for c in value):
+        return True  # one token holding a digit: a code, a model id (`claude-sonnet-4`), a number
     return classify(before[-96:], value, after[:96]) is not Kind.OTHER or (
         value[:1].isupper() and len(value.split()) <= 3
     )
+
+
+def _weighted_lines(model: str, lines: list[str]) -> dict[int, int]:
+    """Distinct non-empty masked lines (hashed with the model) -> their length, the weight of a
+    line in the vote."""
+    return {_h(model + "\x00" + ln): len(ln.strip()) for ln in lines if ln.strip()}
+
+
+def _same_ends(ref: str, text: str, head_chars: int) -> bool:
+    """Whether the texts begin with the same :data:`HEAD_LINES` or more whole non-empty lines
+    (``head_chars`` characters or more) and end with the same whole lines of
+    :data:`TAIL_CHARS` or more characters."""
+    p = common_prefix(ref, text)
+    head = text[:text.rfind("\n", 0, p + 1) + 1]
+    if len(head) < head_chars or sum(1 for ln in head.split("\n") if ln.strip()) < HEAD_LINES:
+        return False
+    s = common_suffix(ref, text, min(len(ref), len(text)) - len(head))
+    nl = text.find("\n", len(text) - s)
+    return nl >= 0 and len(text[nl:].strip()) >= TAIL_CHARS
 
 
 class TemplateIndex:
@@ -93,7 +172,9 @@ class TemplateIndex:
         self._masked: OrderedDict[int, str] = OrderedDict()
         self._postings: dict[int, list[str]] = {}
         self._nlines: dict[str, int] = {}
+        self._nchars: dict[str, int] = {}  # characters of a template's distinct voting lines
         self._short: dict[str, deque[tuple[str, str]]] = {}
+        self._words: dict[str, frozenset[str]] = {}  # a short template's words
         self._value_like = value_like
         # find_near: each template's reference text and masked key, and the latest
         # GUESS_TEMPLATES templates per (model, first or last GUESS_CHARS characters of it).
@@ -157,13 +238,18 @@ class TemplateIndex:
         self._refs[tid] = (text, mkey)
         for guess in {text[:GUESS_CHARS], text[-GUESS_CHARS:]}:
             self._guess.setdefault((model, guess), deque(maxlen=GUESS_TEMPLATES)).appendleft(tid)
-        distinct = {_h(model + "\x00" + ln) for ln in lines if ln.strip()}
+        distinct = _weighted_lines(model, lines)
         self._nlines[tid] = len(distinct)
+        self._nchars[tid] = sum(distinct.values())
         if len(distinct) >= MIN_LINES:
             for lh in distinct:
                 self._postings.setdefault(lh, []).append(tid)
         else:
-            self._short.setdefault(model, deque(maxlen=RECENT_SHORT)).appendleft((tid, text))
+            short = self._short.setdefault(model, deque(maxlen=RECENT_SHORT))
+            if len(short) == short.maxlen:
+                self._words.pop(short[-1][0], None)
+            short.appendleft((tid, text))
+            self._words[tid] = frozenset(text.split())
 
     def remove(self, tid: str, model: str, text: str, exact_key: int) -> None:
         """Forget template ``tid`` (reference ``text``, added with ``exact_key``): a later
@@ -179,6 +265,8 @@ class TemplateIndex:
                 recent.remove(tid)
                 if not recent:
                     del self._guess[(model, guess)]
+        self._nchars.pop(tid, None)
+        self._words.pop(tid, None)
         if self._nlines.pop(tid, 0) >= MIN_LINES:
             for line in {ln for ln in map(mask_line, text.split("\n")) if ln.strip()}:
                 lh = _h(model + "\x00" + line)
@@ -193,33 +281,56 @@ class TemplateIndex:
                 short.remove((tid, text))
 
     def _similar(self, model: str, text: str, lines: list[str]) -> str | None:
-        distinct = {_h(model + "\x00" + ln) for ln in lines if ln.strip()}
+        distinct = _weighted_lines(model, lines)
         if len(distinct) >= MIN_LINES:
             votes: dict[str, int] = {}
-            for lh in distinct:
+            for lh, weight in distinct.items():
                 post = self._postings.get(lh)
                 if post is None or len(post) > MAX_POSTING:
                     continue
                 for tid in post:
-                    votes[tid] = votes.get(tid, 0) + 1
-            best = max(votes.items(), key=lambda kv: (kv[1], kv[0]), default=None)
-            if best and best[1] >= LINE_SIMILARITY * max(len(distinct), self._nlines[best[0]]):
-                return best[0]
+                    votes[tid] = votes.get(tid, 0) + weight
+            ranked = sorted(votes.items(), key=lambda kv: (-kv[1], kv[0]))[:SKELETON_CANDIDATES]
+            total = sum(distinct.values())
+            if ranked:
+                tid, weight = ranked[0]
+                larger = max(total, self._nchars[tid])
+                ref = self._refs[tid][0]
+                # A vote alone settles it only when nearly every line is shared; otherwise the
+                # texts must also share their first and last whole lines (a varying block
+                # between them) or align as one skeleton.
+                if weight >= LINE_SIMILARITY * larger and (
+                        weight >= SURE_SIMILARITY * larger or _same_ends(ref, text, 0)
+                        or skeleton_match(ref, text, self._value_like)):
+                    return tid
+            for tid, weight in ranked:
+                if (weight >= CANDIDATE_SHARE * max(total, self._nchars[tid])
+                        and skeleton_match(self._refs[tid][0], text, self._value_like)):
+                    return tid
             return self._same_head(model, text)
+        words = frozenset(text.split())
         for tid, ref in self._short.get(model, ()):
-            p = common_prefix(ref, text)
-            s = common_suffix(ref, text, min(len(ref), len(text)) - p)
-            mid_ref, mid = ref[p:len(ref) - s], text[p:len(text) - s]
-            if max(len(mid_ref), len(mid)) > MAX_SHORT_DIFF:
+            theirs = self._words[tid]
+            if len(words & theirs) < WORD_OVERLAP * max(len(words), len(theirs)):
                 continue
-            # Widen to whole words: the diff may start inside one ("Al|ice" vs "Al|an").
-            while p > 0 and text[p - 1].isalnum():
-                p -= 1
-            while s > 0 and text[len(text) - s].isalnum():
-                s -= 1
-            if self._value_like(text[:p], text[p:len(text) - s], text[len(text) - s:]):
+            if self._one_value_apart(ref, text) or skeleton_match(ref, text, self._value_like):
                 return tid
         return None
+
+    def _one_value_apart(self, ref: str, text: str) -> bool:
+        """Equal but for one middle run of at most :data:`MAX_SHORT_DIFF` characters that is a
+        value (the cheap test before :func:`skeleton_match`)."""
+        p = common_prefix(ref, text)
+        s = common_suffix(ref, text, min(len(ref), len(text)) - p)
+        mid_ref, mid = ref[p:len(ref) - s], text[p:len(text) - s]
+        if max(len(mid_ref), len(mid)) > MAX_SHORT_DIFF:
+            return False
+        # Widen to whole words: the diff may start inside one ("Al|ice" vs "Al|an").
+        while p > 0 and text[p - 1].isalnum():
+            p -= 1
+        while s > 0 and text[len(text) - s].isalnum():
+            s -= 1
+        return self._value_like(text[:p], text[p:len(text) - s], text[len(text) - s:])
 
     def _same_head(self, model: str, text: str) -> str | None:
         """A recent template whose reference starts with the same :data:`HEAD_LINES` or more
@@ -228,13 +339,6 @@ class TemplateIndex:
         multi-line block (retrieved documents, a user profile) that varies. Different prompts
         of one vendor share a preamble but not their last lines, so they stay apart."""
         for tid in self._guess.get((model, text[:GUESS_CHARS]), ()):
-            ref = self._refs[tid][0]
-            p = common_prefix(ref, text)
-            head = text[:text.rfind("\n", 0, p + 1) + 1]
-            if len(head) < GUESS_CHARS or sum(1 for ln in head.split("\n") if ln.strip()) < HEAD_LINES:
-                continue
-            s = common_suffix(ref, text, min(len(ref), len(text)) - len(head))
-            nl = text.find("\n", len(text) - s)
-            if nl >= 0 and len(text[nl:].strip()) >= TAIL_CHARS:
+            if _same_ends(self._refs[tid][0], text, GUESS_CHARS):
                 return tid
         return None

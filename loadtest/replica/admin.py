@@ -12,49 +12,58 @@ loopback; elsewhere ``/admin/*`` is 404.
 from __future__ import annotations
 
 import asyncio
-import os
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from .asgi import LOOPBACK, Receive, Scope, Send, local_port, parse_json, peer_host, read_body
+from .asgi import (
+    LOOPBACK,
+    MAX_BODY,
+    Receive,
+    Scope,
+    Send,
+    local_port,
+    parse_json,
+    peer_host,
+    read_body,
+)
+from .config import ReplicaConfig
 from .faults import FaultSpec
 from .openai_api import ApiError
 
-if TYPE_CHECKING:
-    from .server import Replica
+__all__ = ["AdminTarget", "admin_allowed_here", "handle"]
 
 _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
-def admin_allowed_here(replica: Replica, scope: Scope) -> bool:
+class AdminTarget(Protocol):
+    """All the admin endpoints may touch of a replica (``server.Replica`` is one): its config,
+    a stats snapshot, the fault switch and the process exit. Nothing of the engine."""
+
+    @property
+    def config(self) -> ReplicaConfig: ...
+
+    @property
+    def can_refuse(self) -> bool:
+        """Whether the listener can be closed (the refuse fault)."""
+        ...
+
+    def admin_stats(self) -> dict[str, Any]: ...
+
+    def set_faults(self, spec: FaultSpec) -> None: ...
+
+    def exit_process(self, code: int) -> None: ...
+
+    async def send_error(self, send: Send, err: ApiError) -> None: ...
+
+    async def send_json(self, send: Send, obj: Any, status: int = 200) -> None: ...
+
+
+def admin_allowed_here(replica: AdminTarget, scope: Scope) -> bool:
     cfg = replica.config
     port = local_port(scope)
     return (cfg.admin_port is not None and port == cfg.admin_port) or cfg.host in _LOOPBACK_HOSTS
 
 
-def stats(replica: Replica) -> dict[str, Any]:
-    e = replica.engine
-    queue = e.request_ids()
-    return {
-        "name": replica.config.name,
-        "pid": os.getpid(),
-        "requests": replica.requests,
-        "aborts": replica.aborts,
-        "last_abort_at": replica.last_abort_at,
-        "in_flight": len(replica.in_flight),
-        "in_flight_ids": sorted(replica.in_flight),
-        "running": queue["running"],
-        "waiting": queue["waiting"],
-        "finished": e.stats.finished,
-        "preemptions": e.stats.preemptions,
-        "prefix_cache_queries": e.stats.queries,
-        "prefix_cache_hits": e.stats.hits,
-        "kv_cache_usage": e.kv_usage,
-        "steps": e.stats.steps,
-        "faults": replica.faults.spec.to_json(),
-    }
-
-
-async def handle(replica: Replica, scope: Scope, receive: Receive, send: Send) -> None:
+async def handle(replica: AdminTarget, scope: Scope, receive: Receive, send: Send) -> None:
     if not admin_allowed_here(replica, scope):
         await replica.send_error(send, ApiError(404, f"{scope['path']} not found", "NotFoundError"))
         return
@@ -64,15 +73,15 @@ async def handle(replica: Replica, scope: Scope, receive: Receive, send: Send) -
         return
     method, path = scope["method"], scope["path"]
     if (method, path) == ("GET", "/admin/stats"):
-        await replica.send_json(send, stats(replica))
+        await replica.send_json(send, replica.admin_stats())
     elif path == "/admin/fault" and method in ("POST", "DELETE"):
         try:
-            body = await read_body(receive) if method == "POST" else b""
+            body = await read_body(receive, MAX_BODY) if method == "POST" else b""
             spec = FaultSpec.from_json(parse_json(body)) if body.strip() else FaultSpec()
         except (ValueError, TypeError) as exc:
             await replica.send_error(send, ApiError(400, str(exc)))
             return
-        if spec.refuse and replica.listener is None:
+        if spec.refuse and not replica.can_refuse:
             await replica.send_error(send, ApiError(501, "this server cannot stop listening"))
             return
         replica.set_faults(spec)

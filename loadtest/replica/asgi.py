@@ -1,4 +1,4 @@
-"""Minimal ASGI plumbing for the replica: bodies, responses, disconnects, abrupt closes.
+"""The replica's ASGI helpers on top of `prefix_asgi`: JSON bodies, disconnects, abrupt closes.
 
 The replica is a raw ASGI app rather than a framework app because it must (a) stay cheap per
 request (the ``--instant`` replica has to outrun the router several times over), (b) notice a
@@ -10,16 +10,27 @@ started, the server then drops the connection; `httpd` does not log it).
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
+from prefix_asgi import (
+    BodyTooLarge,
+    ClientGone,
+    Receive,
+    Scope,
+    Send,
+    dumps,
+    read_body,
+    send_bytes,
+    send_json,
+)
 from templates_audit import jsonfast
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
+__all__ = [
+    "LOOPBACK", "MAX_BODY", "AbruptClose", "BodyTooLarge", "ClientGone", "Receive", "Scope",
+    "Send", "dumps", "local_port", "parse_json", "peer_host", "race_disconnect", "read_body",
+    "send_bytes", "send_json", "wait_disconnect",
+]
 
 T = TypeVar("T")
 
@@ -27,57 +38,14 @@ LOOPBACK = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})
 MAX_BODY = 64 * 1024 * 1024
 
 
-class ClientGone(Exception):
-    """The client disconnected before the response was complete."""
-
-
 class AbruptClose(Exception):
     """Raised by a handler to drop the connection without finishing the response."""
-
-
-class BodyTooLarge(Exception):
-    pass
-
-
-async def read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            raise ClientGone
-        body = msg.get("body", b"")
-        size += len(body)
-        if size > MAX_BODY:
-            raise BodyTooLarge
-        chunks.append(body)
-        if not msg.get("more_body", False):
-            return b"".join(chunks)
 
 
 def parse_json(body: bytes) -> Any:
     """A JSON request body (empty: ``{}``); invalid JSON raises ValueError. Decoded by orjson
     when installed and certainly equal to json.loads (`templates_audit.jsonfast`)."""
     return jsonfast.loads(body) if body else {}
-
-
-def dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-async def send_bytes(send: Send, status: int, body: bytes, content_type: str,
-                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    hdrs = [(b"content-type", content_type.encode()),
-            (b"content-length", str(len(body)).encode())]
-    if headers:
-        hdrs += headers
-    await send({"type": "http.response.start", "status": status, "headers": hdrs})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def send_json(send: Send, status: int, obj: Any,
-                    headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    await send_bytes(send, status, dumps(obj), "application/json", headers)
 
 
 async def wait_disconnect(receive: Receive) -> None:

@@ -39,14 +39,13 @@ import signal
 import socket
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from collections.abc import Coroutine, MutableMapping
 from typing import Any
 from urllib.parse import unquote
 
 import httptools
 
-ASGIApp = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Any]],
-                    Callable[[MutableMapping[str, Any]], Awaitable[None]]], Awaitable[None]]
+from prefix_asgi import ASGIApp, advance
 
 log = logging.getLogger("loadtest.replica.httpd")
 
@@ -230,40 +229,24 @@ class _Exchange:
             await self.conn.drain()
 
 
-async def _resume(coro: Coroutine[Any, Any, None], waiting: Any) -> None:
-    """Drive `coro` on from where an eager first step left it, as a Task would.
-
-    `waiting` is what the coroutine yielded: the asyncio future it awaits (or None for a bare
-    yield). The coroutine takes its future's result or exception itself when resumed; this
-    wrapper only waits for the future and passes a cancellation of its own task on.
-    """
+async def _resume(coro: Coroutine[Any, Any, None], waiting: asyncio.Future[Any] | None) -> None:
+    """Drive `coro` on from where an eager first step (`prefix_asgi.advance`) left it, as a Task
+    would: wait for what it waits on, step it again. A cancellation of this wrapper's task while
+    it waits on something other than the coroutine's own future is thrown into the coroutine."""
     while True:
-        if waiting is not None and not asyncio.isfuture(waiting):
-            try:  # what a Task says to a coroutine that yields something else
-                waiting = coro.throw(RuntimeError(f"bad yield: {waiting!r}"))
-            except StopIteration:
-                return
-            continue
+        exc: BaseException | None = None
         try:
             if waiting is None:
                 await asyncio.sleep(0)
             else:
-                # As a Task does with a yielded future: it was marked "blocking" by the
-                # coroutine's await; clear that, or awaiting it again here is refused.
-                waiting._asyncio_future_blocking = False
                 await waiting
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as cancelled:
             if waiting is None or not waiting.cancelled():
-                # Cancelled while not waiting on the coroutine's own future: pass it in.
-                try:
-                    waiting = coro.throw(asyncio.CancelledError())
-                except StopIteration:
-                    return
-                continue
+                exc = cancelled
         except BaseException:  # the coroutine re-raises its future's error itself
             pass
         try:
-            waiting = coro.send(None)
+            waiting = advance(coro, exc)
         except StopIteration:
             return
 
@@ -418,7 +401,7 @@ class _Connection(asyncio.Protocol):
         self.requests += 1
         coro = self._run(ex)
         try:
-            waiting = coro.send(None)
+            waiting = advance(coro)
         except StopIteration:
             return
         task = ex.task = self.loop.create_task(_resume(coro, waiting))

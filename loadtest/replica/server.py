@@ -21,11 +21,13 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
+from prefix_asgi import serve_lifespan
 from templates_audit.render import ChatRenderer, TemplateError
 from templates_audit.tokenize import HFTokenizer, Tokenizer, load_tokenizer
 
 from . import admin, openai_api
 from .asgi import (
+    MAX_BODY,
     AbruptClose,
     BodyTooLarge,
     ClientGone,
@@ -149,6 +151,33 @@ class Replica:
                         generation_tokens=st.generation_tokens, preemptions=st.preemptions,
                         finished=st.finished, aborts=self.aborts, requests=self.requests)
 
+    @property
+    def can_refuse(self) -> bool:
+        return self.listener is not None
+
+    def admin_stats(self) -> dict[str, Any]:
+        """``GET /admin/stats``: counters, in-flight request ids, queue state, the fault spec."""
+        e = self.engine
+        queue = e.request_ids()
+        return {
+            "name": self.config.name,
+            "pid": os.getpid(),
+            "requests": self.requests,
+            "aborts": self.aborts,
+            "last_abort_at": self.last_abort_at,
+            "in_flight": len(self.in_flight),
+            "in_flight_ids": sorted(self.in_flight),
+            "running": queue["running"],
+            "waiting": queue["waiting"],
+            "finished": e.stats.finished,
+            "preemptions": e.stats.preemptions,
+            "prefix_cache_queries": e.stats.queries,
+            "prefix_cache_hits": e.stats.hits,
+            "kv_cache_usage": e.kv_usage,
+            "steps": e.stats.steps,
+            "faults": self.faults.spec.to_json(),
+        }
+
     def set_faults(self, spec: FaultSpec) -> None:
         self.faults.set(spec)
         self.engine.slow = spec.slow
@@ -169,7 +198,7 @@ class Replica:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "lifespan":
-            await self._lifespan(receive, send)
+            await serve_lifespan(receive, send, self._startup, self.engine.stop)
             return
         if kind != "http":
             return
@@ -196,17 +225,9 @@ class Replica:
         except BodyTooLarge:
             await self.send_error(send, ApiError(413, "request body too large"))
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            msg = await receive()
-            if msg["type"] == "lifespan.startup":
-                if not self.config.instant:
-                    self.engine.start()
-                await send({"type": "lifespan.startup.complete"})
-            elif msg["type"] == "lifespan.shutdown":
-                await self.engine.stop()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+    async def _startup(self) -> None:
+        if not self.config.instant:
+            self.engine.start()
 
     async def send_error(self, send: Send, err: ApiError) -> None:
         await send_json(send, err.status, err.body(), self._headers)
@@ -237,7 +258,7 @@ class Replica:
         if verdict.action is Action.EXIT:
             self.exit_process(self.faults.spec.exit_code)
             return
-        body = await read_body(receive)
+        body = await read_body(receive, MAX_BODY)
         if verdict.action is Action.ERROR:
             await self.send_error(send, ApiError(verdict.status, "injected fault",
                                                  "InternalServerError"))
@@ -363,17 +384,18 @@ class Replica:
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
         status = self.faults.spec.health_status or 200
-        await send_bytes(send, status, b"", "text/plain", self._headers)
+        await send_bytes(send, status, b"", [(b"content-type", b"text/plain"), *self._headers])
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_bytes(send, 200, self.metrics.render(), CONTENT_TYPE, self._headers)
+        await send_bytes(send, 200, self.metrics.render(),
+                         [(b"content-type", CONTENT_TYPE.encode()), *self._headers])
 
     async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.send_json(send, {"version": "sim"})
 
     async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            data = parse_json(await read_body(receive))
+            data = parse_json(await read_body(receive, MAX_BODY))
             if isinstance(data, dict) and "messages" in data:
                 job = openai_api.parse_chat(data, 1)
             else:

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+__all__ = ["Backoff", "Discovery", "Endpoint", "Membership", "Publish", "url_for"]
+
 log = logging.getLogger("router.discovery")
 
 

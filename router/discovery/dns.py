@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from router.discovery.base import Backoff, Endpoint, Membership, Publish, url_for
 
+__all__ = ["DnsDiscovery", "Resolver", "ReverseResolver", "resolve_addresses", "reverse_name"]
+
 log = logging.getLogger("router.discovery")
 
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]

@@ -23,6 +23,8 @@ from typing import Any
 
 from router.discovery.base import Endpoint, url_for
 
+__all__ = ["SERVICE_NAME_LABEL", "endpoint_name", "merge_slices", "select_port", "slice_endpoints"]
+
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 
 

@@ -43,6 +43,8 @@ from typing import Any
 from router.discovery.base import Backoff, Endpoint, Membership, Publish
 from router.discovery.endpointslices import SERVICE_NAME_LABEL, merge_slices
 
+__all__ = ["KubernetesDiscovery", "ResourceVersionGone", "SliceState", "WatchError"]
+
 log = logging.getLogger("router.discovery")
 
 

@@ -10,6 +10,8 @@ from collections.abc import Iterable
 
 from router.discovery.base import Endpoint, Membership, Publish
 
+__all__ = ["StaticDiscovery"]
+
 
 class StaticDiscovery:
     def __init__(self, endpoints: Iterable[Endpoint]) -> None:

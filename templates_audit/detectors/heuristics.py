@@ -12,7 +12,9 @@ import base64
 import binascii
 import itertools
 import json
+import math
 import re
+from collections import Counter
 
 _CONTEXT = 128  # characters of left context the context rules look at
 
@@ -68,7 +70,7 @@ def is_sequential(digits: str) -> bool:
     return len(steps) == 1 and steps <= {0, 1, 9}
 
 
-_PHONE_CUE = re.compile(r"(?i)(?:phone|tel|fax|call|mobile|whatsapp|sms)\b[^\n]{0,16}$")
+_PHONE_CUE = re.compile(r"(?i)\b(?:phone|tel|fax|call|mobile|whatsapp|sms)\b[^\n]{0,16}$")
 _ID_CUE = re.compile(
     r"(?i)(?:\b(?:id|user|order|account|ticket|session|request|customer|invoice|case|no\.?"
     r"|number)\b\s*(?:#|:|=|is)?\s*#?|#)$"
@@ -163,9 +165,36 @@ def _b64url_json(part: str) -> bool:
 
 
 def jwt_ok(m: re.Match[str], text: str) -> bool:
-    """A JWT is kept only if its header and payload base64url-decode to JSON objects."""
+    """A JWT: its header base64url-decodes to a JSON object (the payload may be encrypted or
+    opaque), or header and payload are both long random-looking segments."""
     header, payload = m["h"], m["p"]
-    return _b64url_json(header) and _b64url_json(payload)
+    if _b64url_json(header):
+        return True
+    return len(header) >= 16 and len(payload) >= 16 and looks_random(payload)
+
+
+def entropy_bits(value: str) -> float:
+    """Shannon entropy of ``value``'s characters, bits per character."""
+    counts = Counter(value)
+    n = len(value)
+    return -sum(c / n * math.log2(c / n) for c in counts.values())
+
+
+def keyword_secret_ok(m: re.Match[str], text: str) -> bool:
+    """A value after a credential keyword: random-looking and of high entropy (>= 3.5 bits per
+    character: a 16-character random token has ~4; `aaaabbbbccccdddd` has 2), not a path or a
+    dotted name."""
+    value = m["v"]
+    if value.count("/") >= 2 or value.count(".") >= 2:
+        return False
+    return looks_random(value) and entropy_bits(value) >= 3.5
+
+
+def prefixed_number_ok(m: re.Match[str], text: str) -> bool:
+    """`ORD-414359285`: the digits are no counting run and the token is no phone number."""
+    if is_sequential(m["n"]):
+        return False
+    return not _PHONE_CUE.search(text[max(0, m.start() - 24):m.start()])
 
 
 # Capitalised words that follow name cues ("Hello World", "User: Please ...") but are not names.

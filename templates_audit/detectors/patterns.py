@@ -353,11 +353,37 @@ SECRET = Detector(
 JWT = Detector(
     "jwt",
     Kind.SECRET,
-    _c(r"(?P<h>eyJ[A-Za-z0-9_-]{5,})\.(?P<p>eyJ[A-Za-z0-9_-]{5,})\.[A-Za-z0-9_-]*(?![\w-])"),
+    _c(r"(?P<h>eyJ[A-Za-z0-9_-]{5,})\.(?P<p>[A-Za-z0-9_-]{8,})\.[A-Za-z0-9_-]*(?![\w-])"),
     h.jwt_ok,
     WORD_OR["-"],
     priority=4,
     gate=("eyJ",),
+)
+# `api_key=…`, `access_token: "…"`, `CLIENT_SECRET=…`: a credential keyword, then a long
+# high-entropy value (the value alone; the keyword is context).
+_SECRET_WORDS = (r"(?:api[_-]?key|apikey|access[_-]?token|auth[_-]?token|refresh[_-]?token"
+                 r"|client[_-]?secret|secret[_-]?key|secret|token|password|passwd)")
+KEYWORD_SECRET = Detector(
+    "keyword_secret",
+    Kind.SECRET,
+    _c(*(rf"{words}[\"']?[ \t]*[:=][ \t]*[\"']?(?P<v>[A-Za-z0-9+/_~.-]{{16,}}={{0,2}})(?![\w+/=-])"
+         for words in (_SECRET_WORDS, _SECRET_WORDS.upper()))),
+    h.keyword_secret_ok,
+    WORD,
+    priority=6,
+    gate=("key", "KEY", "oken", "OKEN", "ecret", "ECRET", "ass", "ASS"),
+    token=True,
+)
+# `ORD-414359285`, `u_168566947`, `MBR-55410189`: a short letter prefix glued to 6+ digits.
+PREFIXED_NUMBER = Detector(
+    "prefixed_number",
+    Kind.NUMERIC_ID,
+    _c(r"[A-Za-z][A-Za-z]{0,7}[-_](?P<n>\d{6,})(?![\w-]|[.,]\d)"),
+    h.prefixed_number_ok,
+    WORD,
+    priority=38,
+    gate=("-", "_"),
+    min_run=6,
 )
 VERSION = Detector(
     "version",
@@ -399,7 +425,9 @@ DETECTORS: tuple[Detector, ...] = (
     MONTH_YEAR,
     CURRENT_YEAR_D,
     CLOCK_TIME,
+    KEYWORD_SECRET,
     PREFIXED_ID,
+    PREFIXED_NUMBER,
     HEX_ID,
     NUMERIC_ID,
     SHORT_TIME,

@@ -72,7 +72,8 @@ def test_entrypoint_cmd_and_healthcheck() -> None:
     assert json.loads(final["ENTRYPOINT"]) == ["prefix-router", "serve"]
     assert json.loads(final["CMD"]) == ["--config", "/etc/prefix-router/router.yaml"]
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]["scripts"]
-    assert scripts["prefix-router"] == "router.cli:main"
+    # router.cli.main with the quick-start demo plugged in (docs/architecture.md, "Layers")
+    assert scripts["prefix-router"] == "loadtest.demo:router_main"
     assert "/health" in final["HEALTHCHECK"]
     assert "8000" in final.get("EXPOSE", "")
 

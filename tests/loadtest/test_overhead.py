@@ -19,7 +19,7 @@ def test_cpu_seconds_counts_this_process_and_grows() -> None:
     while time.process_time() < deadline:  # burn ~50 ms of CPU
         pass
     after = cpu_seconds(os.getpid())
-    assert after >= before + 0.03  # 10 ms ticks
+    assert after >= before + 0.04  # nanoseconds: all of the ~50 ms, whatever else runs
     assert cpu_seconds(2**22 + 12345) == 0.0  # no such process
 
 
@@ -86,10 +86,9 @@ def test_measure_router_against_direct(tmp_path: Path) -> None:
         assert r["latency"]["p50"] > 0
         if setup == "direct":   # the replica's own CPU
             assert r["added_p50"] == 0.0 and r["cpu_per_request"] >= 0
-        elif conc == 4:
-            assert r["cpu_per_request"] > 0  # 40 requests: many 10 ms ticks of router CPU
         else:
-            assert r["cpu_per_request"] >= 0
+            # a proxy that relayed requests spent CPU on them; read in ns, never zero
+            assert r["cpu_per_request"] > 0
         if mode in ("stream", "paced"):
             assert r["chunks_per_request"] == 16
     paced = rows[("router-prefix", "paced", 4)]
@@ -106,12 +105,9 @@ def test_measure_router_against_direct(tmp_path: Path) -> None:
     assert set(cap) == {(s, m) for s in ("direct", "router-prefix") for m in ("plain", "stream")}
     for c in cap.values():
         assert c["requests"] == 60 and c["errors"] == 0 and c["throughput"] > 0
-    # 60 instant requests may cost the replica less than one 10 ms clock tick: then there is
-    # no capacity ratio (not a division by zero); otherwise it is router CPU over replica CPU.
+    # the capacity ratio is router CPU over replica CPU (both read in ns: never zero)
     for mode in ("plain", "stream"):
         direct_cpu = cap[("direct", mode)]["cpu_per_request"]
-        if direct_cpu > 0:
-            assert res["ratios"][f"replica_capacity_vs_router_{mode}"] == pytest.approx(
-                cap[("router-prefix", mode)]["cpu_per_request"] / direct_cpu)
-        else:
-            assert f"replica_capacity_vs_router_{mode}" not in res["ratios"]
+        assert direct_cpu > 0
+        assert res["ratios"][f"replica_capacity_vs_router_{mode}"] == pytest.approx(
+            cap[("router-prefix", mode)]["cpu_per_request"] / direct_cpu)

@@ -29,7 +29,7 @@ from starlette.routing import Route
 from router.nginx_config import NginxOptions, render_config
 from router.replicas import address_of
 from router.ring import RingMember
-from router.ring_nginx import NginxRing
+from router.ring.nginx import NginxRing
 from tests.conftest import ThreadedServer, free_port, require_binary, wait_for_port
 
 Replica = tuple[str, str, int]  # (name, url, weight), what render_config takes

@@ -11,7 +11,7 @@ import pytest
 
 from loadtest.replica import Replica, ReplicaConfig
 from router.client import hash_key
-from router.ring_nginx import NginxRing
+from router.ring.nginx import NginxRing
 from tests.conftest import ThreadedServer
 from tests.nginx.harness import KEY_HEADER, NginxProcess, ring_of, running_nginx
 

@@ -9,6 +9,12 @@ Measurements: tests call ``measure(scenario, **values)``; when ``RELIABILITY_RES
 file, the session writes every measurement there as JSON (`scripts/reliability_report.py` turns it
 into docs/reliability.md). ``RELIABILITY_SCALE`` (default 1) multiplies the counts of the load
 loops through `scaled()`, so the report runs the very same assertions at larger sizes.
+
+Timing promises ("every abort within 100 ms") are measured figures, not pass/fail facts on a
+shared 2-core machine: a test states one with `promise(name, value, limit)`, which records the
+value and whether it was kept; it fails the test only where ``RELIABILITY_PROMISES=1`` (set by
+`scripts/reliability_report.py`, which runs under ``flock /work/.bench.lock``), never in
+`make test`.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SCALE = float(os.environ.get("RELIABILITY_SCALE", "1"))
+PROMISES = os.environ.get("RELIABILITY_PROMISES") == "1"
 _RESULTS: dict[str, dict[str, Any]] = {}
 
 # Router settings for tests: short health intervals so ejection/readmission take ~a second.
@@ -47,6 +54,16 @@ def scaled(n: int) -> int:
 
 
 # -- measurements ----------------------------------------------------------------------------------
+def promise(record: Callable[..., None], scenario: str, name: str, value: float,
+            limit: float) -> None:
+    """Record ``value`` (seconds) against its promised ``limit`` as ``<name>_promise_kept``;
+    assert it only in a report run (``RELIABILITY_PROMISES=1``, see the module docstring)."""
+    record(scenario, **{f"{name}_seconds": round(value, 4), f"{name}_limit_seconds": limit,
+                        f"{name}_promise_kept": value <= limit})
+    if PROMISES:
+        assert value <= limit, f"{scenario}: {name} took {value:.3f}s, promised {limit}s"
+
+
 @pytest.fixture(scope="session")
 def measure() -> Iterator[Callable[..., None]]:
     def record(scenario: str, **values: Any) -> None:

@@ -31,7 +31,14 @@ import aiohttp
 import pytest
 
 from loadtest.fleet import Fleet
-from tests.reliability.conftest import RouterProcess, metric, parse_metrics, router_config, scaled
+from tests.reliability.conftest import (
+    RouterProcess,
+    metric,
+    parse_metrics,
+    promise,
+    router_config,
+    scaled,
+)
 from tests.reliability.load import Outcome, distinct_keys, one, placement, run_load, summary
 
 pytestmark = pytest.mark.slow
@@ -360,7 +367,8 @@ def test_all_down_then_back(fleet4: Fleet, start_router: Callable[..., RouterPro
             ok_after=sum(o.kind == "ok" for o in r["after"]))
     assert {o.status for o in down} == {503}
     assert all(o.retry_after and int(o.retry_after) >= 1 for o in down)
-    assert max(o.seconds for o in down) < 2.0   # fast answers, not timeouts
+    # fast answers, not timeouts: every 503 came from the router's own state (no replica to try)
+    promise(measure, "chaos_all_down", "slowest_503", max(o.seconds for o in down), 2.0)
     assert r["recovered"] is not None
     assert all(o.kind == "ok" for o in r["after"])
 

@@ -11,7 +11,8 @@ counted; the replicas are simulated vLLM processes that count requests and abort
 Per dropped client we take two times from the drop: until the router closed the upstream
 request (its in-flight count fell; polled in-process without I/O), and until the serving
 replica aborted it (the replica's own wall-clock stamp `last_abort_at`, so polling delay does
-not count). Every one must be within the promise, 100 ms. The router's side is awaited first and
+not count). The promise is 100 ms for every one: recorded always, asserted in the report run
+(`promise`; a loaded CI machine measures its own load, not the router). The router's side is awaited first and
 the replicas are polled over HTTP only afterwards: the router shares this process (and its
 GIL) with the test, and polling while it handles the disconnect measured the test's own
 interference - 1 or 2 of 500 aborts at 80-125 ms in a 2.5x run, none with this order. At the end:
@@ -36,7 +37,14 @@ from loadtest.fleet import Fleet
 from router.app import RouterApp, create_app
 from router.settings import Settings
 from tests.conftest import ThreadedServer
-from tests.reliability.conftest import established, metric, parse_metrics, router_config, scaled
+from tests.reliability.conftest import (
+    established,
+    metric,
+    parse_metrics,
+    promise,
+    router_config,
+    scaled,
+)
 from tests.reliability.load import chat_body
 from tests.reliability.rawhttp import request
 
@@ -228,8 +236,9 @@ def check_and_record(name: str, r: dict[str, Any], measure: Callable[..., None])
             within_100ms=sum(s <= ABORT_PROMISE for s in secs))
     assert r["dispatched"] == r["sent"]          # nothing dispatched twice
     assert r["aborted"] == r["sent"]             # every upstream request aborted
-    assert max(router_s) <= ABORT_PROMISE, _ms(router_s, 1.0)
-    assert max(secs) <= ABORT_PROMISE, sorted(secs)[-5:]
+    # every upstream request was aborted, none could have ended on its own (LONG tokens)
+    promise(measure, name, "router_close_max", max(router_s), ABORT_PROMISE)
+    promise(measure, name, "abort_max", max(secs), ABORT_PROMISE)
     assert r["in_flight"] == 0 and r["replica_in_flight"] == 0 and r["open_requests"] == 0
     assert r["client_sockets_left"] == 0
     assert r["upstream_sockets_left"] <= r["upstream_sockets_before"]

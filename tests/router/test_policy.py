@@ -336,12 +336,12 @@ def test_public_names_and_labels_are_pinned() -> None:
     assert [s.value for s in KeySource] == ["header", "prefix", "conversation", "none"]
     assert sorted(keys.__all__) == [
         "KeyConfig", "KeySource", "PrefixExplanation", "RoutingKey", "VolatileCut",
-        "canonical_prefix", "derive", "explain", "prompt_chunks",
+        "canonical_prefix", "derive", "explain", "key_config", "prompt_chunks",
     ]  # fmt: skip
     assert sorted(ring.__all__) == ["HashRing", "RING_KINDS", "Ring", "RingMember", "build_ring"]
     assert sorted(policy.__all__) == [
         "BoundedLoadPrefixPolicy", "Branch", "Decision", "LeastLoadedPolicy", "LoadBound",
-        "POLICIES", "Policy", "RoundRobinPolicy", "load_cap", "make_policy",
+        "POLICIES", "Policy", "RoundRobinPolicy", "load_cap", "make_policy", "moved_decision",
     ]  # fmt: skip
     assert sorted(replicas.__all__) == ["EndpointLike", "ReplicaSet", "ReplicaState", "address_of"]
     assert sorted(client.__all__) == ["hash_key", "prefix_headers"]

@@ -15,7 +15,7 @@ import pytest
 
 from router.replicas import address_of
 from router.ring import RingMember, build_ring
-from router.ring_nginx import NGINX_MAX_SKIPS, POINTS_PER_WEIGHT, NginxRing, split_server
+from router.ring.nginx import NGINX_MAX_SKIPS, POINTS_PER_WEIGHT, NginxRing, split_server
 from tests.nginx.harness import Replica, nginx_fleet, placements, running_nginx
 
 WEIGHTS = (3, 1, 2, 1, 1)  # uneven on purpose: weight changes the number of points

@@ -325,8 +325,12 @@ def test_single_request_templates_beyond_the_bound_are_dropped() -> None:
         if i % 3 == 0:  # one busy template with a finding
             records.append(chat(f"Current date: 2024-05-{i % 7 + 1:02d}\n" + BODY, "x", i))
         else:  # unique prompts, short and multi-line
-            lines = "\n".join(f"Unique prompt {i} line {k}: do task {i * 7 + k}." for k in range(i % 6))
-            records.append(chat(f"You are bot {i}.\n{lines}", "x", i))
+            # (prose words: prompts that differ only in their numbers are one skeleton)
+            rng = random.Random(i)
+            words = "alpha bravo delta river stone cloud maple ember quartz lunar velvet orbit".split()
+            lines = "\n".join(f"Unique prompt line {k}: " + " ".join(rng.sample(words, 6))
+                              for k in range(i % 6))
+            records.append(chat(f"You are bot {' '.join(rng.sample(words, 4))}.\n{lines}", "x", i))
     records += [records[1], records[2]]  # two early unique prompts come back
     bounded, unbounded = Auditor(max_templates=5), Auditor(max_templates=None)
     bounded.add_all(records)

@@ -257,7 +257,12 @@ SECRETS = [
     ("Bearer YOUR_TOKEN_1234567890", False),  # placeholder words
     ("sk-short1", False),  # too short
     ("hello world", False),  # prose
-    ("eyJhbGciOiJIUzI1NiJ9.eyJub3Rqc29u.sig", False),  # payload is not JSON
+    # issue 19: a JWT's structure is enough, whether or not the payload decodes (encrypted,
+    # opaque): its header decodes to a JSON object
+    ("eyJhbGciOiJIUzI1NiJ9.eyJub3Rqc29u.sig", True),
+    ("eyJhbGciOiJIUzI1NiJ9.Zx8a9dkfjQ2lkdfj3kdfjKDJFkd3.c2ln", True),  # payload not eyJ
+    ("eyJabc12.xyzxyz12.sig", False),  # header no JSON, segments too short to be random
+    ("api_key=98RRp9o/2eMQtvWlikzChXbmYL5+B2kV", False),  # keyword + value: scan's, not a token
 ]
 
 

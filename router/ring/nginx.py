@@ -43,7 +43,7 @@ import bisect
 import zlib
 from collections.abc import Container, Iterator, Sequence
 
-from router.ring import RingMember
+from router.ring.base import RingMember, distinct_owners
 
 __all__ = ["NGINX_MAX_SKIPS", "POINTS_PER_WEIGHT", "NginxRing", "key_bytes", "split_server"]
 
@@ -136,18 +136,7 @@ class NginxRing:
         """Distinct member names in ring order from the key's home point (uncapped)."""
         if not self._hashes:
             return
-        start = self.home_point(key)
-        total = len(self._hashes)
-        seen = [False] * len(self._names)
-        remaining = len(self._names)
-        for step in range(total):
-            owner = self._owners[(start + step) % total]
-            if not seen[owner]:
-                seen[owner] = True
-                remaining -= 1
-                yield self._names[owner]
-                if remaining == 0:
-                    return
+        yield from distinct_owners(self._owners, self._names, self.home_point(key))
 
     def nginx_pick(self, key: str, unavailable: Container[str] = ()) -> str | None:
         """The server nginx 1.22 picks for ``key`` when the ``unavailable`` members are tried,
