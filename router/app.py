@@ -356,4 +356,4 @@ def app_factory() -> RouterApp:
     return create_app(settings_from_env())
 
 
-__all__ = ["RouterApp", "app_factory", "create_app"]
+__all__ = ["RouterApp", "app_factory", "create_app", "start_tracing"]

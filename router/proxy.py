@@ -58,7 +58,7 @@ from router.replicas import ReplicaSet, ReplicaState
 from router.settings import ProxySettings
 
 __all__ = [
-    "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog", "REPLICA_HEADER",
+    "AttemptTrace", "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog", "REPLICA_HEADER",
     "RETRY_STATUSES", "Upstream", "make_session", "strip_hop_by_hop"
 ]
 

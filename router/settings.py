@@ -28,11 +28,12 @@ from urllib.parse import urlsplit
 import yaml
 
 __all__ = [
-    "AdminSettings", "AuthSettings", "DISCOVERY_TYPES", "DiscoverySettings", "DnsDiscovery",
-    "HealthSettings", "KubernetesDiscovery", "LOG_LEVELS", "Listen", "LoggingSettings", "POLICIES",
-    "ProxySettings", "RINGS", "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV",
-    "ScrapeSettings", "Settings", "SettingsError", "ShutdownSettings", "load_settings",
-    "parse_backend", "parse_size", "settings_from_env", "write_settings_file"
+    "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
+    "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery", "LOG_LEVELS",
+    "Listen", "LoggingSettings", "POLICIES", "ProxySettings", "RINGS", "ReplicaSpec",
+    "RoutingSettings", "SCHEMES", "SETTINGS_ENV", "ScrapeSettings", "Settings", "SettingsError",
+    "ShutdownSettings", "TracingSettings", "load_settings", "parse_backend", "parse_size",
+    "settings_from_env", "write_settings_file"
 ]
 
 SETTINGS_ENV = "PREFIX_ROUTER_SETTINGS_FILE"
