@@ -6,6 +6,11 @@
         fleet.kill(1)   # SIGKILL replica 1 (chaos); fleet.restart(1) brings it back, same port
         fleet.fault(2, error_rate=1.0, error_status=503)   # POST /admin/fault on its admin port
 
+    # a mixed fleet: 3 replicas of llama (adapter sql on the first), 2 of qwen
+    with Fleet.mixed(parse_models("llama:3,qwen:2"), parse_loras("llama:sql:1")) as fleet:
+        fleet.names     # ["llama-0", "llama-1", "llama-2", "qwen-0", "qwen-1"]
+        fleet.models    # [("llama", ("sql",)), ("llama", ()), ...]: base model, adapters
+
 Replica ``i`` runs ``python -m loadtest replica --name NAME --port PORT --admin-port A ...`` in
 its own session (so a terminal's Ctrl-C reaches only the fleet, which then stops its children in
 order); ports are ``base_port + i`` or, without a base port, ports the kernel hands out. `start()`
@@ -28,6 +33,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from types import TracebackType
@@ -37,9 +43,55 @@ from loadtest._net import free_port, http_ok
 from loadtest.replica import config as replica_config
 from loadtest.replica.config import ReplicaConfig, to_argv
 
-__all__ = ["Fleet", "FleetError", "add_arguments", "main"]
+__all__ = ["Fleet", "FleetError", "add_arguments", "main", "parse_loras", "parse_models"]
 
 _FLEET_OWNED = frozenset({"name", "port", "admin_port", "host"})
+_PER_MEMBER = frozenset({"model", "lora"})  # set per replica by a mixed fleet
+
+
+def parse_models(spec: str) -> list[tuple[str, int]]:
+    """``llama:3,qwen:2`` -> [("llama", 3), ("qwen", 2)] (ValueError naming the bad item)."""
+    out: list[tuple[str, int]] = []
+    for item in filter(None, (p.strip() for p in spec.split(","))):
+        name, sep, count = item.rpartition(":")
+        if not sep or not name or not count.isdigit() or int(count) < 1:
+            raise ValueError(f"--models: expected MODEL:REPLICAS (e.g. llama:3), got {item!r}")
+        if any(n == name for n, _ in out):
+            raise ValueError(f"--models: {name!r} given twice")
+        out.append((name, int(count)))
+    if not out:
+        raise ValueError("--models: expected at least one MODEL:REPLICAS")
+    return out
+
+
+def parse_loras(spec: str) -> list[tuple[str, str, int | None]]:
+    """``llama:sql,llama:support:1`` -> [("llama", "sql", None), ("llama", "support", 1)]:
+    adapter ``sql`` on every llama replica, ``support`` on the first one only."""
+    out: list[tuple[str, str, int | None]] = []
+    for item in filter(None, (p.strip() for p in spec.split(","))):
+        parts = item.split(":")
+        if len(parts) not in (2, 3) or not all(parts[:2]) or (
+                len(parts) == 3 and not (parts[2].isdigit() and int(parts[2]) >= 1)):
+            raise ValueError(f"--loras: expected MODEL:ADAPTER[:REPLICAS] (e.g. llama:sql), "
+                             f"got {item!r}")
+        out.append((parts[0], parts[1], int(parts[2]) if len(parts) == 3 else None))
+    return out
+
+
+def mixed_members(models: list[tuple[str, int]], loras: list[tuple[str, str, int | None]]
+                  ) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(replica name, base model, adapters) of every replica of a mixed fleet, in order."""
+    known = dict(models)
+    for model, adapter, _ in loras:
+        if model not in known:
+            raise ValueError(f"--loras: adapter {adapter!r} names model {model!r}, "
+                             f"which is not in --models")
+    out = []
+    for model, count in models:
+        for i in range(count):
+            adapters = tuple(a for m, a, n in loras if m == model and (n is None or i < n))
+            out.append((f"{model}-{i}", model, adapters))
+    return out
 
 
 class FleetError(RuntimeError):
@@ -52,6 +104,7 @@ class _Member:
     port: int
     admin_port: int
     log: Path
+    argv: list[str]
     proc: subprocess.Popen[bytes] | None = None
 
 
@@ -59,6 +112,7 @@ class Fleet:
     def __init__(self, replicas: int = 4, base_port: int | None = None, host: str = "127.0.0.1",
                  *, names: list[str] | None = None, startup_timeout: float = 30.0,
                  stop_timeout: float = 5.0, log_dir: str | None = None,
+                 per_replica: list[dict[str, Any]] | None = None,
                  **replica_options: Any) -> None:
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
@@ -66,6 +120,13 @@ class Fleet:
         if owned:
             raise TypeError(f"the fleet sets {', '.join(owned)} itself")
         self._argv = to_argv(replica_options)   # validates option names before anything starts
+        per_replica = per_replica or [{} for _ in range(replicas)]
+        if len(per_replica) != replicas:
+            raise ValueError("per_replica must have one entry per replica")
+        self._member_argv = [to_argv(o) for o in per_replica]
+        self.models = [(str(o.get("model", replica_options.get("model", "sim-model"))),
+                        tuple(o.get("lora", replica_options.get("lora", ()))))
+                       for o in per_replica]
         self.host = host
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
@@ -77,9 +138,23 @@ class Fleet:
             raise ValueError("names must have one entry per replica")
         self._members = [
             _Member(name=n, port=base_port + i if base_port is not None else free_port(host),
-                    admin_port=free_port("127.0.0.1"), log=self.log_dir / f"{n}.log")
+                    admin_port=free_port("127.0.0.1"), log=self.log_dir / f"{n}.log",
+                    argv=self._member_argv[i])
             for i, n in enumerate(names)]
         self._lock = threading.Lock()
+
+    @classmethod
+    def mixed(cls, models: list[tuple[str, int]],
+              loras: Sequence[tuple[str, str, int | None]] = (),
+              **options: Any) -> Fleet:
+        """A fleet serving several base models: ``models`` as `parse_models` returns, adapters
+        as `parse_loras`; replicas are named ``MODEL-i``."""
+        taken = sorted(_PER_MEMBER & set(options))
+        if taken:
+            raise TypeError(f"a mixed fleet sets {', '.join(taken)} per replica")
+        members = mixed_members(models, list(loras))
+        return cls(replicas=len(members), names=[n for n, _, _ in members],
+                   per_replica=[{"model": m, "lora": a} for _, m, a in members], **options)
 
     # -- addresses -------------------------------------------------------------------------------
     def _url_host(self) -> str:
@@ -112,7 +187,7 @@ class Fleet:
     # -- lifecycle -------------------------------------------------------------------------------
     def _spawn(self, m: _Member) -> None:
         argv = [sys.executable, "-m", "loadtest", "replica", "--name", m.name, "--host", self.host,
-                "--port", str(m.port), "--admin-port", str(m.admin_port), *self._argv]
+                "--port", str(m.port), "--admin-port", str(m.admin_port), *self._argv, *m.argv]
         with open(m.log, "ab") as log:
             m.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                       start_new_session=True)
@@ -239,6 +314,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-port", type=int, default=None,
                         help="replica i listens on base-port + i (default: free ports)")
     parser.add_argument("--host", default="127.0.0.1", help="listen address of every replica")
+    parser.add_argument("--models", default=None, metavar="MODEL:N,...",
+                        help="a mixed fleet: N replicas of each base model, named MODEL-i "
+                             "(e.g. llama:3,qwen:2; replaces --replicas and --model)")
+    parser.add_argument("--loras", default=None, metavar="MODEL:ADAPTER[:N],...",
+                        help="LoRA adapters of a mixed fleet: on every replica of MODEL, or "
+                             "on its first N (e.g. llama:sql,llama:support:1)")
     group = parser.add_argument_group("replica options (passed to every replica)")
     replica_config.add_arguments(group, skip=_FLEET_OWNED)  # type: ignore[arg-type]
 
@@ -246,8 +327,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     defaults = {f.name: f.default for f in fields(ReplicaConfig)}
     options = {k: getattr(args, k) for k in defaults
-               if k not in _FLEET_OWNED and getattr(args, k) != defaults[k]}
-    fleet = Fleet(replicas=args.replicas, base_port=args.base_port, host=args.host, **options)
+               if k not in _FLEET_OWNED and getattr(args, k) not in (None, defaults[k])}
+    try:
+        if args.models:
+            for key in _PER_MEMBER:
+                options.pop(key, None)
+            fleet = Fleet.mixed(parse_models(args.models), parse_loras(args.loras or ""),
+                                base_port=args.base_port, host=args.host, **options)
+        elif args.loras:
+            raise ValueError("--loras needs --models (or pass --lora NAME to every replica)")
+        else:
+            fleet = Fleet(replicas=args.replicas, base_port=args.base_port, host=args.host,
+                          **options)
+    except ValueError as exc:
+        print(f"prefix-loadtest fleet: {exc}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -256,8 +350,10 @@ def main(args: argparse.Namespace) -> int:
     except FleetError as exc:
         print(f"prefix-loadtest fleet: {exc}", file=sys.stderr)
         return 1
-    for name, url, admin in zip(fleet.names, fleet.urls, fleet.admin_urls, strict=True):
-        print(f"{name}\t{url}\tadmin {admin}", flush=True)
+    for name, url, admin, (model, adapters) in zip(fleet.names, fleet.urls, fleet.admin_urls,
+                                                   fleet.models, strict=True):
+        served = f"\tmodels {','.join((model, *adapters))}" if args.models else ""
+        print(f"{name}\t{url}\tadmin {admin}{served}", flush=True)
     reported: set[str] = set()
     try:
         while not stop.wait(0.5):

@@ -55,7 +55,7 @@ from templates_audit.prompts import Prompt, PromptBuilder, prepare, static_index
 from templates_audit.render import ChatRenderer, TemplateError
 from templates_audit.replay import Head, Replay
 from templates_audit.state import SpanStats, StaticPart, TemplateState
-from templates_audit.suggest import redact, suggestion
+from templates_audit.suggest import redact, suggestion, variant_suggestion
 from templates_audit.tokenize import DefaultTokenizer, EncodeError, Tokenizer, default_tokenizer
 from templates_audit.traces import Record
 
@@ -69,8 +69,10 @@ CONTEXT_CHARS = 40
 # Two probe instants that differ in every field strftime can print (year ... second, weekday).
 PROBE_CLOCKS = (dt.datetime(2024, 1, 2, 3, 4, 5), dt.datetime(2025, 11, 28, 17, 45, 50))
 _MEANINGFUL_KINDS = frozenset({"timestamp", "date", "time", "uuid", "hex_id", "numeric_id",
-                               "name", "email", "version", "secret", "reordered_block"})
-_SPAN_RECOVERED = frozenset({"reordered_block", "whitespace"})
+                               "name", "email", "version", "secret", "reordered_block",
+                               "sampled_block", "variant"})
+# Fixed in place (one set and order, normalised spaces): the span's own blocks are gained too.
+_SPAN_RECOVERED = frozenset({"reordered_block", "sampled_block", "whitespace"})
 
 
 class Auditor:
@@ -259,6 +261,8 @@ class Auditor:
         if block is None or (len(tpl.static_ids) - tpl.token_at(block.ref_end) >= self.block_size
                              and block.ref_end < len(ref)):
             return None, 0
+        if block.kind(tpl.requests) in _SPAN_RECOVERED:
+            return None, 0  # examples in one set and order: the reference's block stands for it
         # The request's first span inside that (merged) span of the template starts the tail.
         first = next(sp for sp in spans if sp.ref_end >= block.ref_start)
         start = ref.rfind("\n", 0, min(first.ref_start, len(ref))) + 1
@@ -412,11 +416,9 @@ class Auditor:
     def _finding(self, tpl: TemplateState, st: SpanStats) -> Finding | None:
         text = tpl.static_text
         after = text[st.ref_end:]
-        if not after.strip() and not st.injected:
+        kind = st.kind(tpl.requests)
+        if not after.strip() and not st.injected and kind not in _SPAN_RECOVERED:
             return None  # a varying tail: nothing static follows, nothing is lost
-        kind = st.kinds.most_common(1)[0][0]
-        if "secret" in st.kinds:
-            kind = "secret"
         bs = self.block_size
         first = tpl.token_at(st.ref_start)
         # A fixed order or normalised whitespace makes the span itself static as well (as in the
@@ -424,9 +426,14 @@ class Auditor:
         span_tokens = (tpl.token_at(st.ref_end) - first
                        if st.ref_end > st.ref_start and kind not in _SPAN_RECOVERED else 0)
         static_tokens = len(tpl.static_ids)
-        lost = _full_blocks(first, static_tokens - span_tokens, bs)
+        lost: float = _full_blocks(first, static_tokens - span_tokens, bs)
         if not (lost >= bs or kind in _MEANINGFUL_KINDS or st.injected):
             return None
+        suggested = suggestion(kind, st.role, text[:st.ref_start], lost)
+        if kind == "variant":
+            # Each value is its own cached prefix: one cold prefill per value, not per request.
+            suggested = variant_suggestion(len(st.values), st.role, text[:st.ref_start], lost)
+            lost = lost * len(st.values) / max(tpl.requests, 1)
         before = text[max(0, st.ref_start - CONTEXT_CHARS):st.ref_start]
         examples = self._examples(st.examples, kind)
         return Finding(
@@ -438,8 +445,8 @@ class Auditor:
             requests_affected=tpl.requests if not st.multi_line else max(st.differed, 1),
             distinct_values=len(st.values),
             examples=examples,
-            tokens_lost_per_request=float(lost),
-            suggestion=suggestion(kind, st.role, text[:st.ref_start], lost),
+            tokens_lost_per_request=float(round(lost, 1)),
+            suggestion=suggested,
             before=before,
             after=after[:CONTEXT_CHARS],
             distinct_values_capped=st.capped,

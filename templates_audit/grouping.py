@@ -18,8 +18,9 @@ Three lookups, cheapest first:
      characters (lines shared by more than :data:`MAX_POSTING` templates — boilerplate — do not
      vote). Weighting by length keeps a chat header, ``Current date: …`` and a closing line
      from making two unrelated short prompts one template. Below :data:`SURE_SIMILARITY` the
-     winner must also align as one skeleton (below) or share the first and last lines
-     (``_same_head``): a long shared paragraph does not make two openings one template;
+     winner must also align as one skeleton (below), share the first and last lines
+     (``_same_ends``) or share leading whole lines holding :data:`LINE_SIMILARITY` of the text
+     (a varying end): a long shared paragraph does not make two openings one template;
    * otherwise the best :data:`SKELETON_CANDIDATES` voted templates (multi-line; sharing at
      least :data:`CANDIDATE_SHARE` of the line characters) or the recent
      short templates of the model sharing :data:`WORD_OVERLAP` of their words (fewer than
@@ -164,6 +165,13 @@ def _same_ends(ref: str, text: str, head_chars: int) -> bool:
     return nl >= 0 and len(text[nl:].strip()) >= TAIL_CHARS
 
 
+def _same_head_share(ref: str, text: str) -> bool:
+    """Whether the texts' shared whole leading lines are :data:`LINE_SIMILARITY` of the larger
+    text: a fixed preamble and a varying end (examples drawn per request closing the prompt)."""
+    head = text.rfind("\n", 0, common_prefix(ref, text) + 1) + 1
+    return head >= LINE_SIMILARITY * max(len(ref), len(text))
+
+
 class TemplateIndex:
     """Maps static texts to template ids (see the module docstring)."""
 
@@ -301,6 +309,7 @@ class TemplateIndex:
                 # between them) or align as one skeleton.
                 if weight >= LINE_SIMILARITY * larger and (
                         weight >= SURE_SIMILARITY * larger or _same_ends(ref, text, 0)
+                        or _same_head_share(ref, text)
                         or skeleton_match(ref, text, self._value_like)):
                     return tid
             for tid, weight in ranked:

@@ -23,6 +23,7 @@ from templates_audit.findings import Span
 from templates_audit.history import HistoryState
 from templates_audit.model import Role
 from templates_audit.replay import Head
+from templates_audit.slots import NAME_SHAPE, POOL_MAX, slot_kind, value_lines
 
 __all__ = ["MAX_DISTINCT", "MAX_EXAMPLES", "MAX_SPANS", "SpanStats", "StaticPart", "TemplateState"]
 
@@ -43,6 +44,11 @@ class SpanStats:
     differed: int = 0
     multi_line: bool = False
     injected: bool = False  # found by the strftime_now probe: the template writes it
+    # What slots.slot_kind judges the slot by: distinct values shaped like a person's name, and
+    # the pool of lines of its block values (at most POOL_MAX + 1 line hashes kept).
+    name_like: int = 0
+    pool: set[int] = field(default_factory=set)
+    pool_lines: int = 0
 
     def absorb(self, other: SpanStats) -> None:
         """Take in ``other``, a span found apart that turned out to be part of this one.
@@ -57,11 +63,35 @@ class SpanStats:
         for h in other.values:
             self._keep(h)
         self.examples += other.examples[:MAX_EXAMPLES - len(self.examples)]
+        self.name_like += other.name_like
+        self.pool_lines += other.pool_lines
+        for h in other.pool:
+            if len(self.pool) > POOL_MAX:
+                break
+            self.pool.add(h)
 
     def add_value(self, value: str) -> None:
-        if self._keep(xxhash.xxh3_64_intdigest(value.encode("utf-8", "surrogatepass"))) and (
-                len(self.examples) < MAX_EXAMPLES):
+        if not self._keep(xxhash.xxh3_64_intdigest(value.encode("utf-8", "surrogatepass"))):
+            return
+        if len(self.examples) < MAX_EXAMPLES:
             self.examples.append(value)
+        if NAME_SHAPE.fullmatch(value.strip()):
+            self.name_like += 1
+        if "\n" in value or " … " in value:
+            for line in value_lines(value):
+                self.pool_lines += 1
+                if len(self.pool) <= POOL_MAX:
+                    self.pool.add(hash(line))
+
+    def kind(self, requests: int) -> str:
+        """The slot's report kind (:func:`.slots.slot_kind`); ``requests``: the template's."""
+        kind = self.kinds.most_common(1)[0][0]
+        if "secret" in self.kinds:
+            return "secret"
+        return slot_kind(kind, distinct=len(self.values), capped=self.capped, requests=requests,
+                         multi_line=self.multi_line, name_like=self.name_like,
+                         pool=len(self.pool), pool_full=len(self.pool) > POOL_MAX,
+                         pool_lines=self.pool_lines)
 
     def _keep(self, h: int) -> bool:
         """Count value hash ``h``; True when it is new and kept (beyond MAX_DISTINCT: capped)."""

@@ -12,7 +12,7 @@ import re
 
 from templates_audit.model import Role
 
-__all__ = ["lead_in", "redact", "suggestion"]
+__all__ = ["lead_in", "redact", "suggestion", "variant_suggestion"]
 
 _LEAD = re.compile(r"[^\n.!?]{0,48}$")
 
@@ -51,6 +51,9 @@ def suggestion(kind: str, role: Role, before: str, tokens_lost: float) -> str:
         return "send the tools in one fixed order (e.g. sorted by name)" + from_it
     if kind == "reordered_block":
         return "sort the examples (or other repeated blocks) deterministically" + from_it
+    if kind == "sampled_block":
+        return ("fix the set and order of examples (pick them once, not per request)"
+                + from_it)
     if kind == "whitespace":
         return "normalise whitespace (strip/collapse) before rendering" + from_it
     if role is Role.TEMPLATE:
@@ -63,6 +66,14 @@ def suggestion(kind: str, role: Role, before: str, tokens_lost: float) -> str:
     if kind in ("uuid", "hex_id", "numeric_id"):
         return f"move the per-request id {name} {_where(role)} (or into request metadata)" + tail
     return f"move {name} {_where(role)}" + tail
+
+
+def variant_suggestion(values: int, role: Role, before: str, tokens_lost: float) -> str:
+    """A low-cardinality slot: fine as it is while its values stay few."""
+    name = f"`{lead_in(before)}…`" if lead_in(before) else "it"
+    return (f"a variant with {values} values: each is its own cached prefix ({values} cold "
+            f"prefills of ~{round(tokens_lost):,} tokens per replica, not one per request); "
+            f"keep it if the values stay few, else move {name} {_where(role)}")
 
 
 _NAME_KINDS = frozenset({"name"})

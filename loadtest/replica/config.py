@@ -29,6 +29,14 @@ class ReplicaConfig:
     admin_port: int | None = _opt(
         None, "extra loopback-only listener serving /admin/* (also survives the refuse fault)")
     model: str = _opt("sim-model", "served model name (/v1/models, model_name metric label)")
+    lora: tuple[str, ...] = _opt((), "a LoRA adapter this replica serves (repeatable; listed in "
+                                     "/v1/models with parent = --model, as vLLM's "
+                                     "--lora-modules NAME=PATH)")
+    max_lora: int = _opt(1, "adapters one engine step can hold (vLLM --max-loras); a request "
+                            "whose adapter does not fit waits")
+    lora_load_ms: float = _opt(
+        50.0, "cost of loading an adapter that is not resident into a free slot (ms, added to "
+              "the step that admits its first request; the least recently used one is evicted)")
     model_path: str | None = _opt(
         None, "model_path reported by /server_info (sglang-router loads a tokenizer from it); "
               "default: the --tokenizer directory, else the model name")
@@ -71,6 +79,10 @@ class ReplicaConfig:
             "fault_error_rate": 0 <= self.fault_error_rate <= 1,
             "fault_hang_rate": 0 <= self.fault_hang_rate <= 1,
             "log_level": self.log_level.lower() in LOG_LEVELS,
+            "max_lora": self.max_lora >= 1,
+            "lora_load_ms": self.lora_load_ms >= 0,
+            "lora": all(n and n != self.model for n in self.lora)
+            and len(set(self.lora)) == len(self.lora),
         }
         for key, ok in checks.items():
             if not ok:
@@ -78,7 +90,8 @@ class ReplicaConfig:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ReplicaConfig)}
-_TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
+_TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool,
+                           "tuple[str, ...]": tuple}
 
 
 def _base_type(annotation: Any) -> type:
@@ -95,7 +108,10 @@ def add_arguments(parser: argparse.ArgumentParser, *, skip: frozenset[str] = fro
         if f.name in skip:
             continue
         kind = _base_type(f.type)
-        if kind is bool:
+        if kind is tuple:  # repeatable: --lora a --lora b
+            parser.add_argument(_flag(f.name), dest=f.name, action="append", default=None,
+                                metavar="NAME", help=f.metadata["help"])
+        elif kind is bool:
             parser.add_argument(_flag(f.name), dest=f.name, default=f.default,
                                 action=argparse.BooleanOptionalAction, help=f.metadata["help"])
         else:
@@ -106,6 +122,9 @@ def add_arguments(parser: argparse.ArgumentParser, *, skip: frozenset[str] = fro
 def from_namespace(ns: argparse.Namespace, **override: Any) -> ReplicaConfig:
     values = {k: getattr(ns, k) for k in _FIELDS if hasattr(ns, k)}
     values.update(override)
+    for k, f in _FIELDS.items():
+        if _base_type(f.type) is tuple and k in values:
+            values[k] = tuple(values[k] or ())
     return ReplicaConfig(**values)
 
 
@@ -118,7 +137,11 @@ def to_argv(options: Mapping[str, Any]) -> list[str]:
     for key, value in options.items():
         if value is None:
             continue
-        if _base_type(_FIELDS[key].type) is bool:
+        kind = _base_type(_FIELDS[key].type)
+        if kind is tuple:
+            for item in value:
+                argv += [_flag(key), str(item)]
+        elif kind is bool:
             argv.append(_flag(key) if value else "--no-" + key.replace("_", "-"))
         else:
             argv += [_flag(key), str(value)]

@@ -8,7 +8,10 @@ One asyncio task per replica runs the scheduler loop. Each iteration is one engi
    preempted (recompute mode: blocks freed, progress reset, back to the head of the queue;
    ``preemptions`` counted) until the grow succeeds.
 2. If nothing was preempted, waiting requests are admitted FIFO while fewer than ``max_num_seqs``
-   run and budget remains. Admission pins the cached prefix and allocates the rest of the prompt
+   run and budget remains. A LoRA request whose adapter would make more than ``max_loras``
+   distinct adapters in the batch is skipped (it keeps its place; later requests go on, as
+   vLLM's scheduler skips it); admitting one whose adapter is not resident loads it into a slot
+   (LRU eviction of an adapter no running request holds) and the step pays ``lora_load_ms``. Admission pins the cached prefix and allocates the rest of the prompt
    (``PrefixCache.allocate``); the head of the queue waits when the pool cannot hold it
    (head-of-line, as vLLM). Hits and queries are counted in tokens on a request's first admission.
 3. The step sleeps for ``TimingModel.step_seconds(prefill tokens, decoding seqs)``; then every
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -49,6 +52,7 @@ class EngineRequest(NamedTuple):   # NamedTuples: built per request, 5x cheaper 
     max_tokens: int
     output_ids: Sequence[int] = ()   # ids of the text the request will return (cached on finish)
     prompt_hashes: Sequence[int] | None = None   # full-block hashes of prompt_ids, if known
+    lora: str | None = None   # the LoRA adapter the request runs with (None: the base model)
 
 
 class Usage(NamedTuple):
@@ -66,6 +70,7 @@ class EngineLimits:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 32768
     preempt: bool = True
+    max_loras: int = 1   # distinct adapters one step can run (vLLM --max-loras)
 
 
 class Observer(Protocol):
@@ -127,6 +132,7 @@ class Plan:
     chunks: list[tuple[_Seq, int]]   # (request, tokens computed this step)
     prefill_tokens: int
     decoding: int
+    lora_loads: int = 0   # adapters this step loaded into a slot
 
 
 class RequestHandle:
@@ -198,6 +204,9 @@ class Engine:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._ids = itertools.count()
+        # adapters loaded in slots, least recently used first (at most limits.max_loras)
+        self.resident: OrderedDict[str, None] = OrderedDict()
+        self.lora_loads = 0
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -383,9 +392,16 @@ class Engine:
             else:
                 prefill += n
             i += 1
-        while (self.waiting and not preempted and budget > 0
+        loras = {s.req.lora for s in self.running if s.req.lora is not None}
+        loads = 0
+        skipped = 0
+        while (len(self.waiting) > skipped and not preempted and budget > 0
                and len(self.running) < lim.max_num_seqs):
-            seq = self.waiting[0]
+            seq = self.waiting[skipped]
+            lora = seq.req.lora
+            if lora is not None and lora not in loras and len(loras) >= lim.max_loras:
+                skipped += 1  # its adapter does not fit this step: it waits, later ones go on
+                continue
             self._hashes_upto(seq, seq.num_tokens)
             reserve = seq.num_tokens if lim.preempt else seq.prompt_len + seq.req.max_tokens
             # vLLM recomputes at least one token: the hit is capped below num_tokens.
@@ -393,7 +409,10 @@ class Engine:
             alloc = self.cache.allocate(capped, reserve, record=False)
             if alloc is None:
                 break
-            self.waiting.popleft()
+            del self.waiting[skipped]
+            if lora is not None:
+                loras.add(lora)
+                loads += self._load_lora(lora, loras)
             seq.alloc = alloc
             seq.computed = hit = alloc.hit_tokens
             if not seq.admitted:
@@ -407,7 +426,30 @@ class Engine:
             chunks.append((seq, n))
             budget -= n
             prefill += n
-        return Plan(chunks, prefill, decoding)
+        return Plan(chunks, prefill, decoding, loads)
+
+    def _load_lora(self, lora: str, in_use: set[str]) -> int:
+        """Make ``lora`` resident (1 if it had to be loaded); evicts the least recently used
+        adapter no running request holds."""
+        resident = self.resident
+        if lora in resident:
+            resident.move_to_end(lora)
+            return 0
+        while len(resident) >= self.limits.max_loras:
+            victim = next((n for n in resident if n not in in_use), None)
+            if victim is None:
+                break
+            del resident[victim]
+        resident[lora] = None
+        self.lora_loads += 1
+        return 1
+
+    def lora_adapters(self) -> tuple[list[str], list[str]]:
+        """Adapters of the running and of the waiting requests, in first-seen order (the
+        ``running_lora_adapters`` / ``waiting_lora_adapters`` of ``vllm:lora_requests_info``)."""
+        running = dict.fromkeys(s.req.lora for s in self.running if s.req.lora is not None)
+        waiting = dict.fromkeys(s.req.lora for s in self.waiting if s.req.lora is not None)
+        return list(running), list(waiting)
 
     def apply(self, plan: Plan, now: float) -> None:
         for seq, n in plan.chunks:
@@ -449,5 +491,5 @@ class Engine:
                 continue
             self.stats.steps += 1
             await asyncio.sleep(self.timing.step_seconds(plan.prefill_tokens, plan.decoding,
-                                                         self.slow))
+                                                         self.slow, plan.lora_loads))
             self.apply(plan, self._now())

@@ -4,13 +4,21 @@ Each replica has its own `CollectorRegistry` (never the global one), so several 
 live in one process (tests) without sharing counters. Counters and gauges are read from a
 `Snapshot` of the engine at scrape time (no bookkeeping on the hot path); the two latency
 histograms are observed by the engine as requests produce their first token and finish.
-Every series carries the ``model_name`` label, as vLLM's do.
+Every series carries the ``model_name`` label, as vLLM's do - except ``vllm:lora_requests_info``
+(exported when the replica serves adapters, as vLLM does with ``--enable-lora``), whose labels
+are ``max_lora``, ``waiting_lora_adapters`` and ``running_lora_adapters`` (comma-joined names)
+and whose value is the time the label set was last seen. vLLM sets that gauge with
+``set_to_current_time()`` and never removes a label set, so a scrape holds older sets too and
+the current state is the series with the largest value; the simulator keeps the last
+`LORA_HISTORY` sets to show the same shape at bounded cost.
 """
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -38,6 +46,26 @@ class Snapshot:
     finished: int
     aborts: int
     requests: int
+    running_loras: tuple[str, ...] = ()
+    waiting_loras: tuple[str, ...] = ()
+
+
+LORA_HISTORY = 16
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    max_lora: int
+    history: OrderedDict[tuple[str, str], float] = field(default_factory=OrderedDict,
+                                                         compare=False)
+
+    def observe(self, running: tuple[str, ...], waiting: tuple[str, ...],
+                now: float) -> None:
+        key = (",".join(waiting), ",".join(running))
+        self.history[key] = now
+        self.history.move_to_end(key)
+        while len(self.history) > LORA_HISTORY:
+            self.history.popitem(last=False)
 
 
 @dataclass(frozen=True)
@@ -48,10 +76,12 @@ class CacheConfig:
 
 
 class _SnapshotCollector(Collector):
-    def __init__(self, model: str, snapshot: Callable[[], Snapshot], cache: CacheConfig) -> None:
+    def __init__(self, model: str, snapshot: Callable[[], Snapshot], cache: CacheConfig,
+                 lora: LoraConfig | None = None) -> None:
         self._model = model
         self._snapshot = snapshot
         self._cache = cache
+        self._lora = lora
 
     def collect(self) -> Iterator[Metric]:
         s = self._snapshot()
@@ -91,6 +121,14 @@ class _SnapshotCollector(Collector):
         info.add_metric([self._model, str(self._cache.block_size), str(self._cache.num_gpu_blocks),
                          str(self._cache.enable_prefix_caching)], 1.0)
         yield info
+        if self._lora is not None:
+            self._lora.observe(s.running_loras, s.waiting_loras, time.time())
+            lora = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
+                                     labels=["max_lora", "waiting_lora_adapters",
+                                             "running_lora_adapters"])
+            for (waiting, running), seen in self._lora.history.items():
+                lora.add_metric([str(self._lora.max_lora), waiting, running], seen)
+            yield lora
         yield counter("sim:aborts", "Requests aborted because the client went away.", s.aborts)
         yield counter("sim:requests", "Requests received by the simulated replica.", s.requests)
 
@@ -98,9 +136,10 @@ class _SnapshotCollector(Collector):
 class ReplicaMetrics:
     """The registry of one replica; also the engine's latency `Observer`."""
 
-    def __init__(self, model: str, snapshot: Callable[[], Snapshot], cache: CacheConfig) -> None:
+    def __init__(self, model: str, snapshot: Callable[[], Snapshot], cache: CacheConfig,
+                 lora: LoraConfig | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_SnapshotCollector(model, snapshot, cache))
+        self.registry.register(_SnapshotCollector(model, snapshot, cache, lora))
         self._ttft = Histogram("vllm:time_to_first_token_seconds",
                                "Histogram of time to first token in seconds.", ["model_name"],
                                buckets=TTFT_BUCKETS, registry=self.registry).labels(model)

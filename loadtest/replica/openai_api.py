@@ -42,6 +42,19 @@ class ApiError(Exception):
                 "code": self.status}
 
 
+class ModelNotFound(ApiError):
+    """A model name the replica does not serve: vLLM's 404, in its current error shape
+    (``{"error": {message, type, param, code}}``, ``param`` = ``"model"``)."""
+
+    def __init__(self, model: object, served: str) -> None:
+        super().__init__(404, f"The model `{model}` does not exist. Valid aliases: {served}.",
+                         "NotFoundError")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": "model",
+                          "code": self.status}}
+
+
 class Job(NamedTuple):
     kind: Kind
     max_tokens: int
@@ -225,7 +238,13 @@ class StreamEncoder:
         return self._head + ',"choices":[],"usage":' + usage + "}"
 
 
-def models_response(model: str, root: str, max_model_len: int, created: int) -> dict[str, Any]:
-    return {"object": "list", "data": [{
-        "id": model, "object": "model", "created": created, "owned_by": "vllm", "root": root,
-        "parent": None, "max_model_len": max_model_len, "permission": []}]}
+def models_response(model: str, root: str, max_model_len: int, created: int,
+                    loras: Sequence[str] = ()) -> dict[str, Any]:
+    """vLLM's model list: the base model, then each adapter with ``parent`` set to it (and no
+    ``max_model_len`` of its own, as vLLM lists them)."""
+    data = [{"id": model, "object": "model", "created": created, "owned_by": "vllm",
+             "root": root, "parent": None, "max_model_len": max_model_len, "permission": []}]
+    data += [{"id": name, "object": "model", "created": created, "owned_by": "vllm",
+              "root": f"/adapters/{name}", "parent": model, "max_model_len": None,
+              "permission": []} for name in loras]
+    return {"object": "list", "data": data}

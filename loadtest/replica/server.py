@@ -18,10 +18,11 @@ import asyncio
 import itertools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from prefix_asgi import serve_lifespan
+from templates_audit.blocks import block_hashes
 from templates_audit.render import ChatRenderer, TemplateError
 from templates_audit.tokenize import HFTokenizer, Tokenizer, load_tokenizer
 
@@ -44,7 +45,7 @@ from .asgi import (
 from .config import ReplicaConfig
 from .engine import Engine, EngineLimits, EngineRequest, RequestHandle, Usage
 from .faults import Action, Faults, FaultSpec
-from .metrics import CONTENT_TYPE, CacheConfig, ReplicaMetrics, Snapshot
+from .metrics import CONTENT_TYPE, CacheConfig, LoraConfig, ReplicaMetrics, Snapshot
 from .openai_api import ApiError, Envelope, Job, Kind
 from .prompts import Prompter
 from .timing import TimingModel
@@ -95,14 +96,17 @@ class Replica:
         self.prompter = Prompter(self.renderer, self.tokenizer, config.block_size)
         self.metrics = ReplicaMetrics(
             config.model, self.snapshot,
-            CacheConfig(block_size=config.block_size, num_gpu_blocks=config.kv_blocks))
+            CacheConfig(block_size=config.block_size, num_gpu_blocks=config.kv_blocks),
+            LoraConfig(config.max_lora) if config.lora else None)
         self.engine = Engine(
             EngineLimits(block_size=config.block_size, kv_blocks=config.kv_blocks,
                          max_num_seqs=config.max_num_seqs,
                          max_num_batched_tokens=config.max_num_batched_tokens,
-                         max_model_len=config.max_model_len, preempt=config.preempt),
+                         max_model_len=config.max_model_len, preempt=config.preempt,
+                         max_loras=config.max_lora),
             TimingModel(step_ms=config.step_ms, prefill_us_per_token=config.prefill_us_per_token,
-                        decode_us_per_seq=config.decode_us_per_seq, speed=config.speed),
+                        decode_us_per_seq=config.decode_us_per_seq, speed=config.speed,
+                        lora_load_ms=config.lora_load_ms),
             observer=self.metrics)
         self.faults = Faults(fault_spec_of(config), seed=config.seed)
         self.engine.slow = self.faults.spec.slow
@@ -146,10 +150,12 @@ class Replica:
         else:
             running, waiting = len(e.running), len(e.waiting)
         st = e.stats
+        running_loras, waiting_loras = e.lora_adapters()
         return Snapshot(running=running, waiting=waiting, kv_usage=e.kv_usage, queries=st.queries,
                         hits=st.hits, prompt_tokens=st.prompt_tokens,
                         generation_tokens=st.generation_tokens, preemptions=st.preemptions,
-                        finished=st.finished, aborts=self.aborts, requests=self.requests)
+                        finished=st.finished, aborts=self.aborts, requests=self.requests,
+                        running_loras=tuple(running_loras), waiting_loras=tuple(waiting_loras))
 
     @property
     def can_refuse(self) -> bool:
@@ -270,13 +276,19 @@ class Replica:
             return
         try:
             data = parse_json(body)
+            lora = self._served(data)
             job = (openai_api.parse_chat if kind is Kind.CHAT else openai_api.parse_completion)(
                 data, self.config.default_max_tokens)
             prompt = self.prompter.prompt(job, body)
             pieces, output_ids = prompt.reply
+            hashes: Sequence[int] = prompt.hashes
+            if lora is not None:
+                # vLLM folds the adapter into every block's hash: its blocks match no other
+                # adapter's nor the base model's (here: the chain's first seed)
+                hashes = block_hashes(prompt.ids, self.config.block_size, salt="lora:" + lora)
             req = EngineRequest(rid, prompt.ids, job.max_tokens, output_ids=output_ids,
-                                prompt_hashes=prompt.hashes)
-            env = Envelope(rid, int(time.time()), self.config.model, self.config.name)
+                                prompt_hashes=hashes, lora=lora)
+            env = Envelope(rid, int(time.time()), lora or self.config.model, self.config.name)
             if self.config.instant:
                 usage = self.engine.serve_instant(req)
                 handle = None
@@ -302,6 +314,16 @@ class Replica:
         finally:
             if handle.abort():  # False when it had finished
                 self.last_abort_at = time.time()
+
+    def _served(self, data: Any) -> str | None:
+        """The adapter a request names (None: the base model); a name this replica does not
+        serve is vLLM's 404. A missing model means the base model, as in vLLM."""
+        model = data.get("model") if isinstance(data, dict) else None
+        if not model or model == self.config.model:
+            return None
+        if isinstance(model, str) and model in self.config.lora:
+            return model
+        raise openai_api.ModelNotFound(model, self.config.model)
 
     async def _respond_now(self, job: Job, env: Envelope, pieces: list[str], usage: Usage,
                            send: Send) -> None:
@@ -380,7 +402,8 @@ class Replica:
     # -- informational ---------------------------------------------------------------------------
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.send_json(send, openai_api.models_response(
-            self.config.model, self.model_path, self.config.max_model_len, self.created))
+            self.config.model, self.model_path, self.config.max_model_len, self.created,
+            self.config.lora))
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
         status = self.faults.spec.health_status or 200

@@ -26,6 +26,9 @@ class Kind(StrEnum):
     REORDERED_BLOCK = "reordered_block"
     WHITESPACE = "whitespace"
     OTHER = "other"
+    # Decided by the auditor across requests (slots.py), never by classify():
+    SAMPLED_BLOCK = "sampled_block"  # lines drawn from a small pool, set and order per request
+    VARIANT = "variant"  # a few values, each its own cached prefix: not a per-request breaker
 
 
 # Detectors whose values change per release/config or per year (or never: a fixed event's

@@ -138,9 +138,9 @@ def test_api_key_guards_v1_like_vllm(replica: Callable[..., str]) -> None:
     assert HTTP.get(url + "/v1/models", headers={"authorization": "Bearer nope"}).status_code == 401
     assert HTTP.get(url + "/health").status_code == 200          # only /v1 is guarded
     good: Any = openai.OpenAI(base_url=url + "/v1", api_key="sk-sim", max_retries=0)
-    assert good.completions.create(model="m", prompt="hi", max_tokens=1).usage.completion_tokens == 1
+    assert good.completions.create(model="sim-model", prompt="hi", max_tokens=1).usage.completion_tokens == 1
     with pytest.raises(openai.AuthenticationError):
-        client(url).completions.create(model="m", prompt="hi", max_tokens=1)
+        client(url).completions.create(model="sim-model", prompt="hi", max_tokens=1)
 
 
 def test_public_api_is_pinned() -> None:

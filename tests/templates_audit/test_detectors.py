@@ -292,7 +292,8 @@ def test_public_api_is_pinned() -> None:
     }
     assert [k.value for k in Kind] == [
         "timestamp", "date", "time", "uuid", "hex_id", "numeric_id", "name", "email",
-        "version", "secret", "reordered_block", "whitespace", "other",
+        "version", "secret", "reordered_block", "whitespace", "other", "sampled_block",
+        "variant",
     ]  # fmt: skip
     assert ROUTER_KINDS == {T, D, TM, Kind.UUID, Kind.HEX_ID, Kind.NUMERIC_ID, Kind.SECRET}
 

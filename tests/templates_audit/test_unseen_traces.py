@@ -137,3 +137,79 @@ def test_a_template_seen_once_is_its_own_template_without_findings() -> None:
     once = [t for t in report.templates if t.requests == 1]
     assert len(once) == 1
     assert not [f for f in report.findings if f.template == once[0].id]
+
+
+EXAMPLES = [("Where is parcel 12?", "It left the depot this morning and arrives tomorrow."),
+            ("Can I pay by invoice?", "Yes, business accounts can pay by invoice within 30 days."),
+            ("My code does not work.", "Check that the code has not expired and retype it."),
+            ("How do I add a user?", "Open Settings, then Team, then choose Invite."),
+            ("Is my data encrypted?", "Yes, at rest and in transit, as the security page says."),
+            ("Can I change the date?", "You can move the booking up to 24 hours before it starts."),
+            ("Why is it slow today?", "Peak hours slow things down; try again in a few minutes."),
+            ("Do you ship abroad?", "We ship to 40 countries; the checkout lists the fees.")]
+
+
+def _sampled(rng: random.Random, head: str, tail: str, i: int) -> Record:
+    block = "\n".join(f"Q: {q}\nA: {a}" for q, a in rng.sample(EXAMPLES, 3))
+    return chat(f"{head}\nExamples:\n{block}{tail}", i)
+
+
+def test_examples_drawn_from_a_pool_at_the_end_are_a_sampled_block_that_costs_its_blocks() -> None:
+    # 3 of 8 examples in random order, closing the system prompt: "too close to its end" was
+    # wrong — one fixed set and order makes the whole block cacheable.
+    rng = random.Random(6)
+    head = f"You are the support assistant of Orbit Travel.\n{RULES}\n{RULES.upper()}"
+    recs = [_sampled(rng, head, "", i) for i in range(80)]
+    report = audit(recs)
+    assert report.summary.templates == 1
+    (f,) = report.findings
+    assert f.kind == "sampled_block" and f.tokens_lost_per_request >= 48
+    assert f.suggestion.startswith("fix the set and order of examples")
+    fixed = [chat(recs[0].messages[0]["content"], i) for i in range(80)]  # the fix applied
+    # The achievable replay applies the fix, but only once the pool is recognised (the first
+    # few distinct parts are judged before it is): 0.889 against 0.923 here, observed 0.761.
+    assert report.summary.achievable_hit_rate > report.summary.observed_hit_rate + 0.1
+    assert abs(report.summary.achievable_hit_rate - audit(fixed).summary.observed_hit_rate) < 0.05
+
+
+def test_examples_drawn_from_a_pool_before_the_rules_are_one_sampled_block() -> None:
+    rng = random.Random(7)
+    recs = [_sampled(rng, "You are the support assistant of Orbit Travel.", f"\nRules:\n{RULES}", i)
+            for i in range(80)]
+    report = audit(recs)
+    assert [f.kind for f in report.findings] == ["sampled_block"]
+
+
+def test_a_language_with_three_values_is_a_variant_with_its_amortised_cost() -> None:
+    langs = ["English", "French", "German"]
+    recs = [chat(f"You are the support assistant of Cedar Books.\nAlways reply in {langs[i % 3]}."
+                 f"\n{RULES}", i) for i in range(60)]
+    report = audit(recs)
+    (f,) = report.findings
+    assert (f.kind, f.distinct_values) == ("variant", 3)
+    full = 16 * ((report.templates[0].static_tokens - 1) // 16 - f.block)  # if it were a breaker
+    assert 0 < f.tokens_lost_per_request < full / 10  # 3 cold prefills over 60 requests
+    assert "variant with 3 values" in f.suggestion
+
+
+def test_names_without_a_cue_in_a_second_system_message_are_names() -> None:
+    rng = random.Random(8)
+    people = [f"{rng.choice(FIRST)} {rng.choice(LAST)}" for _ in range(20)]
+    recs = [chat(["You are the assistant of Nimbus HR.", f"The signed-in user is {people[i % 20]}.",
+                  RULES], i) for i in range(60)]
+    report = audit(recs)
+    assert report.summary.templates == 1
+    assert [f.kind for f in report.findings] == ["name"]
+
+
+def test_a_user_profile_json_block_gives_its_id_name_and_email() -> None:
+    rng = random.Random(9)
+    recs = []
+    for i in range(60):
+        n = f"{FIRST[i % 16]} {LAST[i % 9]}"
+        prof = json.dumps({"user_id": f"u_{rng.randrange(10**8, 10**9)}", "name": n,
+                           "email": f"{n.split()[0].lower()}{i}@example.org"}, indent=2)
+        recs.append(chat(f"You are the assistant of Helios Energy.\nUser profile:\n{prof}\n{RULES}", i))
+    report = audit(recs)
+    assert report.summary.templates == 1
+    assert sorted(f.kind for f in report.findings) == ["email", "name", "numeric_id"]
