@@ -19,7 +19,11 @@ Reads ``../shared/data`` at run time (nothing from it is copied into the reposit
    date finding and whether that matches the data README (which templates call ``strftime_now``
    and print it).
 
-Usage: ``python scripts/eval_auditor.py [--data ../shared/data] [--requests 40] [--json]``.
+3. **Generated traces** (``gen_traces.py``, scored by ``eval_generated.py``): the held-out seeds
+   of issue 19 (tuning was done on seeds 0-9 only).
+
+Usage: ``python scripts/eval_auditor.py [--data ../shared/data] [--requests 40] [--json]
+[--generated-seeds 1000 1001 ...]``.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from eval_generated import HELD_OUT_SEEDS, evaluate, print_summary, summarise
 
 from templates_audit.analysis import Auditor
 from templates_audit.model import Finding, Report
@@ -429,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=40, help="requests per dynamic prompt")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--generated-seeds", type=int, nargs="*", default=list(HELD_OUT_SEEDS),
+                   help="seeds of the held-out generated traces (gen_traces.py); none: skip")
     args = p.parse_args(argv)
     data = Path(args.data)
     if not (data / "system_prompts" / "manifest.jsonl").exists():
@@ -440,9 +448,14 @@ def main(argv: list[str] | None = None) -> int:
     except TemplateError as exc:
         print(f"render failure: {exc}", file=sys.stderr)
         return 1
+    generated = (summarise([evaluate(seed) for seed in args.generated_seeds])
+                 if args.generated_seeds else None)
     if args.json:
-        print(json.dumps({"spans": spans, "chat_templates": tmpl}, indent=2))
+        print(json.dumps({"spans": spans, "chat_templates": tmpl, "generated": generated},
+                         indent=2))
         return 0
+    if generated is not None:
+        print_summary(generated)
     print(f"span eval: {spans['requests']} requests, {spans['prompts']} prompts, "
           f"{spans['templates']} templates ({spans['dynamic_prompts_split']} dynamic prompts split)")
     print(f"  recall (right kind) {spans['recall']:.3f} over {spans['labelled_spans']} "

@@ -55,8 +55,14 @@ async def never_5xx(scope: dict[str, Any], receive: Any, send: Any) -> None:
 @pytest.fixture(scope="module")
 def fuzz_router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
     upstreams = [ThreadedServer(never_5xx).start() for _ in range(2)]
+    # The upstreams share this process's GIL with hypothesis, so on a loaded machine a health
+    # probe can wait: FAST_HEALTH's 0.5 s timeout once ejected both (CI under two CPU hogs), and
+    # every later case got 503 "no healthy replica". They are healthy by construction; this
+    # router must never eject them, and never time out on them.
     cfg = router_config([u.url for u in upstreams], ["u0", "u1"],
-                        proxy={"max_body_bytes": MAX_BODY},
+                        proxy={"max_body_bytes": MAX_BODY, "first_byte_timeout": 60.0,
+                               "connect_timeout": 10.0},
+                        health={"interval": 1.0, "timeout": 30.0, "eject_after": 1000},
                         logging={"level": "info", "access_log": False})
     router = RouterProcess(cfg, tmp_path_factory.mktemp("fuzz-router"))
     try:
