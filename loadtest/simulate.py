@@ -34,14 +34,16 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import yaml
+
 from loadtest.ceiling import Ceiling, fits, replay
 from loadtest.replica.engine import Engine, EngineError, EngineLimits, EngineRequest
 from loadtest.replica.timing import TimingModel
 from loadtest.stats import max_over_mean, summarize
-from router.affinity import Affinities
-from router.keys import KeyConfig, derive
-from router.policy import BoundedLoadPrefixPolicy, make_policy
+from router.keys import KeyConfig
 from router.replicas import ReplicaSet, ReplicaState
+from router.routing import Routed, Router
+from router.settings import RoutingSettings, Settings
 from templates_audit.blocks import block_hashes
 
 __all__ = ["SimConfig", "SimRequest", "SimResult", "add_arguments", "ceiling", "main",
@@ -72,6 +74,14 @@ class SimConfig:
     max_num_batched_tokens: int = 2048
     prompt_affinity: bool = True  # routing.prompt_affinity
     timing: TimingModel = field(default_factory=TimingModel)
+    routing: dict[str, Any] = field(default_factory=dict)  # further routing.* settings
+
+    def routing_settings(self) -> RoutingSettings:
+        """The validated ``routing:`` section this run routes with (as the app would)."""
+        return Settings.from_dict({"routing": {
+            **self.routing, "policy": self.policy, "ring": self.ring,
+            "load_factor": self.load_factor, "load_floor": self.load_floor,
+            "prompt_affinity": self.prompt_affinity}}).routing
 
 
 @dataclass
@@ -130,13 +140,9 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
     from router.discovery.base import Endpoint
 
     rset.update_membership([Endpoint(name=n, url=f"sim://{n}") for n in names])
-    policy = make_policy(config.policy, config.load_factor, load_floor=config.load_floor)
-    # the app's post-policy affinities, per process like the app's
-    affinity = (Affinities(policy.bound, prompt=config.prompt_affinity)
-                if isinstance(policy, BoundedLoadPrefixPolicy) else None)
-    # prompt chunk hashes only where the prompt affinity uses them, as the app's key_config
-    key_config = (KeyConfig() if affinity is not None and affinity.prompt is not None
-                  else KeyConfig(chunk_bytes=0))
+    # the app's routing entry point, one process
+    router = Router(config.routing_settings(), rset)
+    capacity = (config.kv_blocks or 0) * config.block_size  # what cache_config_info reports
     states: dict[str, ReplicaState] = {s.name: s for s in rset.states()}
 
     heap: list[tuple[float, int, str, Any]] = []
@@ -144,6 +150,7 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
     for r in requests:
         heapq.heappush(heap, (r.at, next(order), "arrive", r))
     busy: dict[str, bool] = dict.fromkeys(names, False)
+    routed: dict[int, Routed] = {}
     arrivals: dict[int, float] = {}
     first: dict[int, float] = {}
     done: dict[int, float] = {}
@@ -170,16 +177,14 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
         clock[0] = now
         if kind == "arrive":
             req: SimRequest = payload
-            key = derive(req.path, req.headers, req.key_body, key_config)
-            for n in names:
-                e = engines[n]
-                states[n].in_flight = len(e.running) + len(e.waiting)
-            state_list = list(states.values())
-            decision = policy.choose(key, state_list, rset.ring, next(seq_counter))
-            if decision is None:
+            for n in names:  # a fresh scrape of every replica
+                e, st = engines[n], states[n]
+                st.running, st.waiting = len(e.running), len(e.waiting)
+                st.kv_usage, st.kv_capacity = e.kv_usage, capacity
+            r_ = router.route(req.path, req.headers, req.key_body, next(seq_counter))
+            if r_ is None:
                 continue
-            if affinity is not None:
-                decision = affinity.apply(key, decision, state_list)
+            decision = r_.decision
             name = decision.replica
             branches[str(decision.branch)] = branches.get(str(decision.branch), 0) + 1
             per_replica[name] += 1
@@ -193,6 +198,9 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
                 rejected += 1
                 continue
             arrivals[rid] = now
+            routed[rid] = r_
+            states[name].in_flight += 1  # what the proxy does around an attempt
+            r_.started(states[name])
             if not busy[name]:
                 start_step(name, now)
         else:
@@ -202,8 +210,11 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
                 rid = int(seq.req.request_id)
                 if seq.generated >= 1 and rid not in first:
                     first[rid] = now
+                    routed[rid].served(states[name], 200)
                 if seq.done and rid not in done:
                     done[rid] = now
+                    routed[rid].ended(states[name])
+                    states[name].in_flight -= 1
             start_step(name, now)
 
     hits = sum(e.stats.hits for e in engines.values())
@@ -351,7 +362,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--workload", help="a named workload: shared-prefix, multi-turn, hot-prefix, volatile, rag, agent")
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--policy", action="append", default=None,
-                   help="prefix | round_robin | least_loaded (repeatable: compare several)")
+                   help="cache_aware | prefix | round_robin | least_loaded (repeatable: compare several)")
     p.add_argument("--requests", type=int, default=None, help="cap on requests (default: whole trace / 1000)")
     p.add_argument("--repeat", type=int, default=1, help="replay the trace N times (larger populations)")
     p.add_argument("--time-scale", type=float, default=1.0, help="trace seconds per simulated second (>1 = faster arrivals)")
@@ -365,6 +376,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-blocks", type=int, default=8192)
     p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--routing", action="append", default=[], metavar="KEY=VALUE",
+                   help="a further routing.* setting (YAML value), e.g. decode_tokens=16")
     p.add_argument("--json", dest="json_out", help="write results as JSON to this file")
 
 
@@ -372,7 +385,14 @@ def main(args: argparse.Namespace) -> int:
     if args.replicas < 1:
         print("prefix-loadtest simulate: --replicas must be >= 1", file=sys.stderr)
         return 2
-    policies = args.policy or ["prefix", "round_robin", "least_loaded"]
+    policies = args.policy or ["cache_aware", "prefix", "round_robin", "least_loaded"]
+    try:
+        routing = {k: yaml.safe_load(v) for k, _, v in (o.partition("=") for o in args.routing)}
+        for pol in policies:
+            SimConfig(policy=pol, routing=routing).routing_settings()
+    except (ValueError, yaml.YAMLError) as exc:
+        print(f"prefix-loadtest simulate: {exc}", file=sys.stderr)
+        return 2
     if args.trace:
         try:
             reqs = list(mooncake_requests(args.trace, args.requests, args.time_scale,
@@ -395,6 +415,7 @@ def main(args: argparse.Namespace) -> int:
     for pol in policies:
         cfg = SimConfig(replicas=args.replicas, policy=pol, load_factor=args.load_factor,
                         load_floor=args.load_floor, prompt_affinity=args.prompt_affinity,
+                        routing=routing,
                         block_size=args.block_size, kv_blocks=args.kv_blocks,
                         max_num_seqs=args.max_num_seqs)
         res = simulate(reqs, cfg)

@@ -40,7 +40,6 @@ import uvicorn
 
 from prefix_asgi import Receive, Scope, Send, send_bytes, send_json, serve_lifespan
 from router.accesslog import CLIENT_CLOSED, AccessLog, AccessRecord
-from router.affinity import Affinities
 from router.auth import ClientAuth, upstream_authorization
 from router.body import PROMPT_FIELDS, ClientGone, read_body, validate_body
 from router.discovery import Discovery, make_discovery
@@ -53,12 +52,13 @@ from router.errors import (
     error_body,
 )
 from router.health import HealthMonitor
-from router.keys import derive, key_config
 from router.metrics import RouterMetrics
-from router.policy import BoundedLoadPrefixPolicy, Branch, make_policy
+from router.policy import Branch
 from router.proxy import Forwarder, Upstream, make_session
 from router.replicas import EndpointLike, ReplicaSet
+from router.routing import Router
 from router.settings import Settings, SettingsError, settings_from_env
+from router.usage import UsageTap
 
 if TYPE_CHECKING:  # router.tracing imports opentelemetry: only loaded when tracing is on
     from router.tracing import RequestTrace, Tracing
@@ -77,10 +77,10 @@ class RouterApp:
         r = settings.routing
         self.metrics = RouterMetrics()
         self.replicas = ReplicaSet((), ring_kind=r.ring, vnodes=r.virtual_nodes)
-        self.policy = make_policy(r.policy, r.load_factor, load_floor=r.load_floor)
-        self.affinity = (Affinities(self.policy.bound, prompt=r.prompt_affinity)
-                         if isinstance(self.policy, BoundedLoadPrefixPolicy) else None)
-        self.key_config = key_config(r)
+        self.router = Router(r, self.replicas)
+        self.policy = self.router.policy
+        self.affinity = self.router.affinity
+        self.key_config = self.router.key_config
         self._key_headers = (self.key_config.key_header.encode(),
                              self.key_config.session_header.encode())
         self.health = HealthMonitor(settings.health, settings.scrape, self.replicas,
@@ -106,7 +106,9 @@ class RouterApp:
         """Discovery callback: replace the membership (states of survivors are kept)."""
         before = {s.name for s in self.replicas.states()}
         self.replicas.update_membership(list(endpoints))
-        self.health.forget(before - {s.name for s in self.replicas.states()})
+        gone = before - {s.name for s in self.replicas.states()}
+        self.health.forget(gone)
+        self.router.forget(gone)
         self._publish_states()
 
     def _publish_states(self) -> None:
@@ -265,14 +267,12 @@ class RouterApp:
         key_hdr, session_hdr = self._key_headers
         key_headers = {n.decode("latin-1"): v.decode("latin-1") for n, v in headers
                        if n == key_hdr or n == session_hdr}
-        key = derive(path, key_headers, parsed, self.key_config)
         self._seq += 1
-        states = self.replicas.states()
-        decision = self.policy.choose(key, states, self.replicas.ring, self._seq)
-        if decision is None:
+        routed = self.router.route(path, key_headers, parsed, self._seq,
+                                   UsageTap() if parsed is not None else None)
+        if routed is None:
             raise NoReplicaAvailable("no healthy replica", retry_after=self._retry_after())
-        if self.affinity is not None:
-            decision = self.affinity.apply(key, decision, states)
+        decision, key = routed.decision, routed.key
         record.branch = decision.branch.value
         record.key_source = key.source.value
         if trace is not None:
@@ -283,8 +283,17 @@ class RouterApp:
         if ring_key is not None:
             self.metrics.observe_key(ring_key)
         assert self.forwarder is not None, "request before lifespan startup"
-        await self.forwarder.forward(scope, receive, send, body if body else None,
-                                     decision.candidates, record, trace)
+        try:
+            await self.forwarder.forward(scope, receive, send, body if body else None,
+                                         decision.candidates, record, routed, trace)
+        finally:
+            served = routed.served_by
+            if served is not None:
+                usage = routed.tap.usage() if routed.tap else None
+                self.metrics.cached_tokens(served, routed.predicted, usage)
+                if trace is not None:
+                    trace.outcome(usage, routed.predicted if self.router.index is not None
+                                  else None)
 
     def _retry_after(self) -> int:
         return max(1, round(min(self.settings.health.interval,

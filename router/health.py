@@ -9,8 +9,10 @@ re-ejection (flapping) and only resets once the replica stayed admitted for `rea
 
 Scrape: `GET /metrics` of each replica every `scrape.interval`; `vllm:num_requests_running` and
 `vllm:num_requests_waiting` are summed over label sets, `vllm:kv_cache_usage_perc` (or the older
-`vllm:gpu_cache_usage_perc`) takes the max over label sets so it stays a fraction. A failed scrape
-zeroes the scraped load so the policy falls back to this router's own in-flight count; it never
+`vllm:gpu_cache_usage_perc`) takes the max over label sets so it stays a fraction, and the labels
+`num_gpu_blocks` x `block_size` of `vllm:cache_config_info` give the replica's KV capacity in
+tokens (the prefix index's bound for it). A failed scrape zeroes the scraped load so the policy
+falls back to this router's own in-flight count and keeps the last known capacity; it never
 ejects (a replica may run without metrics).
 
 Loops are plain coroutines (`run_probes`, `run_scrapes`) that the app's lifespan starts and
@@ -34,8 +36,8 @@ from router.metrics import RouterMetrics
 from router.settings import HealthSettings, ScrapeSettings
 
 __all__ = [
-    "HealthMonitor", "KV_USAGE", "RUNNING", "Replica", "Replicas", "VllmLoad", "WAITING",
-    "parse_vllm_metrics"
+    "CACHE_CONFIG", "HealthMonitor", "KV_USAGE", "RUNNING", "Replica", "Replicas", "VllmLoad",
+    "WAITING", "kv_capacity_tokens", "parse_vllm_metrics"
 ]
 
 log = logging.getLogger("prefix_router.health")
@@ -43,6 +45,7 @@ log = logging.getLogger("prefix_router.health")
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+CACHE_CONFIG = "vllm:cache_config_info"
 
 
 class Replica(Protocol):
@@ -53,6 +56,7 @@ class Replica(Protocol):
     running: float
     waiting: float
     kv_usage: float
+    kv_capacity: int
 
 
 class Replicas(Protocol):
@@ -64,11 +68,36 @@ class VllmLoad:
     running: float
     waiting: float
     kv_usage: float
+    kv_capacity: int = 0  # tokens: num_gpu_blocks x block_size of cache_config_info; 0 unknown
+
+
+def _label(labels: str, name: str) -> str | None:
+    needle = name + '="'
+    at = labels.find(needle)
+    while at > 0 and labels[at - 1] not in "{, ":  # the tail of a longer label name
+        at = labels.find(needle, at + 1)
+    if at < 0:
+        return None
+    start = at + len(needle)
+    end = labels.find('"', start)
+    return labels[start:end] if end >= 0 else None
+
+
+def kv_capacity_tokens(labels: str) -> int:
+    """``num_gpu_blocks x block_size`` from the label text of ``vllm:cache_config_info``
+    (0 when either is missing or not a positive integer, e.g. vLLM's ``None`` before
+    profiling)."""
+    blocks, size = _label(labels, "num_gpu_blocks"), _label(labels, "block_size")
+    if blocks is None or size is None or not blocks.isdigit() or not size.isdigit():
+        return 0
+    return int(blocks) * int(size)
 
 
 def parse_vllm_metrics(text: str) -> VllmLoad:
-    """The three load gauges from a Prometheus text exposition (absent gauges read as 0)."""
+    """The three load gauges from a Prometheus text exposition (absent gauges read as 0), and
+    the KV capacity from ``vllm:cache_config_info``'s labels."""
     running = waiting = kv = 0.0
+    capacity = 0
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
@@ -79,6 +108,9 @@ def parse_vllm_metrics(text: str) -> VllmLoad:
             rest = line[line.rfind("}") + 1:]
         else:
             name, rest = line[:space], line[space:]
+        if name == CACHE_CONFIG and brace != -1:
+            capacity = max(capacity, kv_capacity_tokens(line[brace:line.rfind("}") + 1]))
+            continue
         if name != RUNNING and name != WAITING and name not in KV_USAGE:
             continue
         try:
@@ -93,7 +125,7 @@ def parse_vllm_metrics(text: str) -> VllmLoad:
             waiting += value
         else:
             kv = max(kv, value)
-    return VllmLoad(running, waiting, kv)
+    return VllmLoad(running, waiting, kv, capacity)
 
 
 @dataclass
@@ -213,6 +245,8 @@ class HealthMonitor:
                     load = parse_vllm_metrics(await r.text())
         replica.running, replica.waiting = load.running, load.waiting
         replica.kv_usage = load.kv_usage
+        if load.kv_capacity:  # a failed scrape keeps the last known capacity
+            replica.kv_capacity = load.kv_capacity
         self.metrics.scraped_load(replica.name, load.running, load.waiting, load.kv_usage)
 
     async def scrape_once(self, session: aiohttp.ClientSession) -> None:

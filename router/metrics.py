@@ -38,6 +38,8 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from router.usage import Usage
+
 __all__ = ["DURATION_BUCKETS", "DistinctKeys", "REPLICA_STATES", "RouterMetrics", "TTFB_BUCKETS"]
 
 TTFB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -128,6 +130,16 @@ class RouterMetrics:
                              "scraped from its /metrics (the policy's cross-router signal): "
                              "metric=running|waiting|kv_usage", ["replica", "metric"],
                              registry=r, multiprocess_mode="max")
+        self.predicted_cached = Counter(
+            p + "predicted_cached_tokens", "Prompt tokens the router predicted the serving "
+            "replica had cached (prefix index), per served request", ["replica"], registry=r)
+        self.reported_cached = Counter(
+            p + "reported_cached_tokens", "Prompt tokens the replica reported as cached "
+            "(usage.prompt_tokens_details.cached_tokens)", ["replica"], registry=r)
+        self.reported_prompt = Counter(
+            p + "reported_prompt_tokens", "Prompt tokens of the responses that reported cached "
+            "tokens (usage.prompt_tokens)", ["replica"], registry=r)
+        self._cached: dict[str, tuple[Counter, Counter, Counter]] = {}
         self._keys = DistinctKeys()
         self._keys_refreshed = 0.0
         self._known: set[str] = set()
@@ -161,6 +173,21 @@ class RouterMetrics:
         if d is None:
             d = self._dur[replica] = self.duration.labels(replica)
         d.observe(duration)
+
+    def cached_tokens(self, replica: str, predicted: int, usage: Usage | None) -> None:
+        """One served request: the cached tokens predicted for ``replica`` and, when its
+        response carried them, the cached and prompt tokens it reported."""
+        c = self._cached.get(replica)
+        if c is None:
+            c = self._cached[replica] = (self.predicted_cached.labels(replica),
+                                         self.reported_cached.labels(replica),
+                                         self.reported_prompt.labels(replica))
+        if predicted:
+            c[0].inc(predicted)
+        if usage is not None and usage.cached_tokens is not None:
+            c[1].inc(usage.cached_tokens)
+            if usage.prompt_tokens is not None:
+                c[2].inc(usage.prompt_tokens)
 
     def observe_key(self, key: str) -> None:
         self._keys.add(key)
@@ -206,6 +233,7 @@ class RouterMetrics:
                 self._req = {k: v for k, v in self._req.items() if k[0] != name}
                 self._ttfb.pop(name, None)
                 self._dur.pop(name, None)
+                self._cached.pop(name, None)
                 for family in (self.in_flight, self.healthy):
                     with contextlib.suppress(KeyError):
                         family.remove(name)

@@ -82,7 +82,7 @@ __all__ = [
     "moved_decision",
 ]
 
-POLICIES = ("prefix", "round_robin", "least_loaded")
+POLICIES = ("prefix", "cache_aware", "round_robin", "least_loaded")
 
 
 class Branch(StrEnum):
@@ -93,6 +93,7 @@ class Branch(StrEnum):
     FALLBACK = "fallback"
     ROUND_ROBIN = "round_robin"
     LEAST_LOADED = "least_loaded"
+    CACHE_HIT = "cache_hit"
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class Decision:
     branch: Branch
     candidates: tuple[str, ...]  # candidates[0] == replica; then the retry order
     home: str | None = None  # the key's home replica (differs from replica on spill/fallback)
+    predicted: int = 0  # prompt tokens the prefix index predicts the replica has cached
 
 
 class Policy(Protocol):

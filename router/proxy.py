@@ -56,9 +56,28 @@ from router.health import HealthMonitor
 from router.metrics import RouterMetrics
 from router.replicas import ReplicaSet, ReplicaState
 from router.settings import ProxySettings
+from router.usage import UsageTap
+
+
+class Attempts(Protocol):
+    """What the caller learns of one request's attempts, as they happen (the outcome that
+    routing state is written from). Each method is called from the proxy's hot path."""
+
+    tap: UsageTap | None  # fed every relayed body chunk of the answering attempt
+
+    def started(self, replica: ReplicaState) -> None:
+        """An attempt on ``replica`` was dispatched."""
+
+    def served(self, replica: ReplicaState, status: int) -> None:
+        """``replica``'s response head and first body chunk arrived and are being relayed."""
+
+    def ended(self, replica: ReplicaState) -> None:
+        """The attempt on ``replica`` is over, however it ended (after `started`)."""
+
 
 __all__ = [
-    "AttemptTrace", "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog", "REPLICA_HEADER",
+    "AttemptTrace", "Attempts", "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog",
+    "REPLICA_HEADER",
     "RETRY_STATUSES", "Upstream", "make_session", "strip_hop_by_hop"
 ]
 
@@ -242,6 +261,7 @@ class Forwarder:
 
     async def forward(self, scope: Scope, receive: Receive, send: Send, body: bytes | None,
                       candidates: Iterable[str], record: AccessRecord,
+                      attempts: Attempts | None = None,
                       trace: AttemptTrace | None = None) -> None:
         """Proxy with retries; watches for client disconnect. Raises RouterError before any
         byte was sent (the caller answers it); returns once the response ended."""
@@ -256,7 +276,7 @@ class Forwarder:
 
         watch = DisconnectWatch(receive, on_disconnect)
         try:
-            await self._attempts(scope, send, body, candidates, record, trace)
+            await self._attempts(scope, send, body, candidates, record, attempts, trace)
         except asyncio.CancelledError:
             if not gone:
                 raise
@@ -269,7 +289,7 @@ class Forwarder:
 
     async def _attempts(self, scope: Scope, send: Send, body: bytes | None,
                         candidates: Iterable[str], record: AccessRecord,
-                        trace: AttemptTrace | None) -> None:
+                        hooks: Attempts | None, trace: AttemptTrace | None) -> None:
         up = self.up
         headers = self.request_headers(scope["headers"])
         method = scope["method"]
@@ -291,7 +311,7 @@ class Forwarder:
             url = self._url(replica.url, raw_path, query)
             try:
                 retry_reason = await self._one(replica, method, url, headers, body, send,
-                                               record, last, trace)
+                                               record, last, hooks, trace)
             except UpstreamError as exc:
                 if not exc.before_response:
                     raise
@@ -307,7 +327,8 @@ class Forwarder:
 
     async def _one(self, replica: ReplicaState, method: str, url: URL,
                    headers: list[tuple[str, str]], body: bytes | None, send: Send,
-                   record: AccessRecord, last: bool, trace: AttemptTrace | None) -> str | None:
+                   record: AccessRecord, last: bool, hooks: Attempts | None,
+                   trace: AttemptTrace | None) -> str | None:
         """One attempt. Returns a retry reason, or None once the response was relayed."""
         up = self.up
         name = replica.name
@@ -315,6 +336,8 @@ class Forwarder:
             headers = trace.attempt(name, url, method, headers)
         replica.in_flight += 1
         up.metrics.dispatched(name)
+        if hooks is not None:
+            hooks.started(replica)
         t0 = time.perf_counter()
         ttfb: float | None = None
         status = CLIENT_CLOSED  # what the metric says if we are cancelled before knowing better
@@ -337,7 +360,7 @@ class Forwarder:
                 failure = f"status_{status}"
                 return failure
             try:
-                ttfb, broken = await self._relay(replica, resp, send, record, t0)
+                ttfb, broken = await self._relay(replica, resp, send, record, t0, hooks)
             except UpstreamError as exc:
                 status, failure = exc.status, exc.reason
                 up.health.record_failure(replica, exc.reason)
@@ -355,6 +378,8 @@ class Forwarder:
             return None
         finally:
             replica.in_flight -= 1
+            if hooks is not None:
+                hooks.ended(replica)
             if resp is not None:
                 if resp.content.is_eof():
                     resp.release()
@@ -368,7 +393,8 @@ class Forwarder:
                                   failure, not (last or relayed or failure == "cancelled"))
 
     async def _relay(self, replica: ReplicaState, resp: aiohttp.ClientResponse, send: Send,
-                     record: AccessRecord, t0: float) -> tuple[float, str | None]:
+                     record: AccessRecord, t0: float, hooks: Attempts | None
+                     ) -> tuple[float, str | None]:
         """Relay status, headers and body. Returns the time to the first body byte and, if the
         upstream failed after the response started, the failure reason."""
         headers = strip_hop_by_hop(resp.raw_headers)
@@ -379,6 +405,12 @@ class Forwarder:
             first = await content.readany()
         ttfb = time.perf_counter() - t0
         record.ttfb_ms = ttfb * 1000  # here, not by the caller: a cancelled relay keeps it
+        tap = None
+        if hooks is not None:
+            hooks.served(replica, resp.status)
+            tap = hooks.tap
+            if tap is not None:
+                tap.feed(first)
         if not first or content.is_eof():
             await send({"type": "http.response.start", "status": resp.status, "headers": headers})
             await send({"type": "http.response.body", "body": first})
@@ -401,6 +433,8 @@ class Forwarder:
                         break
                     watchdog.last = loop.time()
                     sent += len(chunk)
+                    if tap is not None:
+                        tap.feed(chunk)
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except asyncio.CancelledError:
             # the shutdown grace period ran out (uvicorn cancels the task) or the client left

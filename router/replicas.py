@@ -39,6 +39,11 @@ class ReplicaState:
     running: float = 0.0  # vllm:num_requests_running (scraped)
     waiting: float = 0.0  # vllm:num_requests_waiting (scraped)
     kv_usage: float = 0.0  # vllm:kv_cache_usage_perc (scraped), 0..1
+    kv_capacity: int = 0  # KV-cache tokens: num_gpu_blocks x block_size (scraped; 0 = unknown)
+    # this router's requests on the replica that have not produced a first byte yet, and the
+    # prompt tokens they are predicted to prefill there (written by the proxy's outcome hooks)
+    unstarted: int = 0
+    pending_prefill: float = 0.0
 
     def __post_init__(self) -> None:
         if self.weight < 1:

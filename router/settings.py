@@ -38,7 +38,7 @@ __all__ = [
 
 SETTINGS_ENV = "PREFIX_ROUTER_SETTINGS_FILE"
 
-POLICIES = ("prefix", "round_robin", "least_loaded")
+POLICIES = ("prefix", "cache_aware", "round_robin", "least_loaded")
 RINGS = ("xxhash", "nginx")
 DISCOVERY_TYPES = ("static", "dns", "kubernetes")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -247,6 +247,18 @@ class RoutingSettings:
     key_header: str = "X-Prefix-Hash"
     session_header: str = "X-Session-ID"
     prompt_affinity: bool = True
+    # cache_aware (router/pipeline.py): scorer weights, the cost model, the prefix index
+    cache_weight: float = 1.0
+    load_weight: float = 1.0
+    home_weight: float = 0.1
+    decode_tokens: float = 32.0
+    kv_high: float = 0.9
+    min_match_tokens: int = 64
+    match_threshold: float = 0.5
+    chunk_chars: int = 1024
+    chars_per_token: float = 4.0
+    kv_capacity_tokens: int = 262144
+    index_max_entries: int = 65536
 
     @classmethod
     def parse(cls, r: _Reader) -> RoutingSettings:
@@ -259,7 +271,26 @@ class RoutingSettings:
                 max_prefix_chars=r.integer("max_prefix_chars", cls.max_prefix_chars, 1),
                 key_header=r.string("key_header", cls.key_header),
                 session_header=r.string("session_header", cls.session_header),
-                prompt_affinity=r.boolean("prompt_affinity", cls.prompt_affinity))
+                prompt_affinity=r.boolean("prompt_affinity", cls.prompt_affinity),
+                cache_weight=r.number("cache_weight", cls.cache_weight, ge=0),
+                load_weight=r.number("load_weight", cls.load_weight, ge=0),
+                home_weight=r.number("home_weight", cls.home_weight, ge=0),
+                decode_tokens=r.number("decode_tokens", cls.decode_tokens, ge=0),
+                kv_high=r.check("kv_high", cls.kv_high, "a number in [0, 1)",
+                                lambda v: isinstance(v, int | float) and not isinstance(v, bool)
+                                and 0 <= v < 1, float),
+                min_match_tokens=r.integer("min_match_tokens", cls.min_match_tokens, 0),
+                match_threshold=r.check("match_threshold", cls.match_threshold,
+                                        "a number in [0, 1]",
+                                        lambda v: isinstance(v, int | float)
+                                        and not isinstance(v, bool) and 0 <= v <= 1, float),
+                chunk_chars=r.integer("chunk_chars", cls.chunk_chars, 16, 1 << 20),
+                chars_per_token=r.number("chars_per_token", cls.chars_per_token, gt=0),
+                kv_capacity_tokens=r.integer("kv_capacity_tokens", cls.kv_capacity_tokens, 1),
+                index_max_entries=r.integer("index_max_entries", cls.index_max_entries, 1))
+        if s.cache_weight + s.load_weight + s.home_weight <= 0:
+            raise SettingsError(f"{r.key('cache_weight')}: expected the cache, load and home "
+                                f"weights not all 0, got {s.cache_weight!r}")
         if s.max_prefix_chars < s.min_prefix_chars:
             raise SettingsError(f"{r.key('max_prefix_chars')}: expected an integer >= "
                                 f"min_prefix_chars ({s.min_prefix_chars}), "

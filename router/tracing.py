@@ -48,6 +48,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from router.accesslog import CLIENT_CLOSED, AccessRecord
 from router.settings import DEFAULT_SERVICE_NAME, SettingsError, TracingSettings
+from router.usage import Usage
 
 __all__ = ["ATTRIBUTES", "RequestTrace", "Tracing", "operation_name"]
 
@@ -172,7 +173,7 @@ class RequestTrace:
     last; the proxy calls `attempt` before and `attempt_end` after each upstream attempt, and
     `disconnected` when the client leaves."""
 
-    __slots__ = ("_attempt", "_attempt_no", "_ctx", "_gone", "_previous", "_reasons",
+    __slots__ = ("_attempt", "_attempt_no", "_ctx", "_gone", "_predicted", "_previous", "_reasons",
                  "_record_keys", "_relayed_status", "_stream", "_tracer", "_ttfb_ms", "_usage",
                  "span")
 
@@ -208,7 +209,8 @@ class RequestTrace:
         self._ttfb_ms: float | None = None
         self._stream = False
         self._gone = False
-        self._usage: tuple[int | None, int | None] | None = None
+        self._usage: Usage | None = None
+        self._predicted: int | None = None
 
     # what the app learns -----------------------------------------------------------------------
 
@@ -225,18 +227,18 @@ class RequestTrace:
         span.set_attribute("prefix_router.key_source", key.source.value)
         if decision.home is not None:
             span.set_attribute("prefix_router.home_replica", decision.home)
-        predicted = getattr(decision, "predicted_cached_tokens", None)
-        if predicted is not None:
-            span.set_attribute("prefix_router.cached_tokens.predicted", predicted)
         if self._record_keys:
             if key.prefix is not None:
                 span.set_attribute("prefix_router.key.prefix", key.prefix)
             if key.conversation is not None:
                 span.set_attribute("prefix_router.key.conversation", key.conversation)
 
-    def usage(self, prompt_tokens: int | None, cached_tokens: int | None) -> None:
-        """Token counts from the relayed response's `usage`."""
-        self._usage = (prompt_tokens, cached_tokens)
+    def outcome(self, usage: Usage | None, predicted: int | None) -> None:
+        """Token counts from the relayed response's `usage` (`router.usage.UsageTap`), and
+        the cached tokens the prefix index predicted on the replica that served (None when
+        the policy keeps no index)."""
+        self._usage = usage
+        self._predicted = predicted
 
     def disconnected(self) -> None:
         self._gone = True
@@ -320,6 +322,8 @@ class RequestTrace:
             span.set_attribute("prefix_router.ttft_ms", round(self._ttfb_ms, 3))
             if self._stream:
                 span.set_attribute("gen_ai.response.time_to_first_chunk", self._ttfb_ms / 1000)
+        if self._predicted is not None:
+            span.set_attribute("prefix_router.cached_tokens.predicted", self._predicted)
         if self._usage is not None:
             prompt, cached = self._usage
             if prompt is not None:

@@ -166,6 +166,21 @@ class _Lines:
         pass
 
 
+def ask_sim(c: openai.OpenAI, system: str, stream: bool, header: str) -> tuple[int, int]:
+    """One chat request; the (prompt_tokens, cached_tokens) the client was told."""
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": "hello"}]
+    if stream:
+        chunks = list(c.chat.completions.create(
+            model="sim-model", messages=msgs, max_tokens=4, stream=True,
+            stream_options={"include_usage": True}, extra_headers={"traceparent": header}))
+        usage = chunks[-1].usage
+    else:
+        usage = c.chat.completions.create(model="sim-model", messages=msgs, max_tokens=4,
+                                          extra_headers={"traceparent": header}).usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    return usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens or 0
+
+
 def test_every_attempt_is_a_span_after_a_replica_was_killed(
         router_server: Any, receiver: OtlpReceiver) -> None:
     fleet_mod = pytest.importorskip("loadtest.fleet")
@@ -176,29 +191,25 @@ def test_every_attempt_is_a_span_after_a_replica_was_killed(
         srv, _ = router_server(traced(list(sim.urls), receiver,
                                       health={"interval": 30.0, "eject_after": 50}))
         c = client(srv.url, timeout=30)
-        sent: list[tuple[str, bool]] = []
+        sent: dict[str, tuple[int, int]] = {}
         for i in range(16):
             header, trace_id, _ = traceparent()
-            stream = i % 2 == 1
-            msgs = [{"role": "system", "content": f"{SYSTEM} Desk {i}."},
-                    {"role": "user", "content": "hello"}]
-            if stream:
-                list(c.chat.completions.create(model="sim-model", messages=msgs, max_tokens=4,
-                                               stream=True,
-                                               stream_options={"include_usage": True},
-                                               extra_headers={"traceparent": header}))
-            else:
-                c.chat.completions.create(model="sim-model", messages=msgs, max_tokens=4,
-                                          extra_headers={"traceparent": header})
-            sent.append((trace_id, stream))
+            # each desk's prompt twice: the second finds its prefix in the replica's cache
+            sent[trace_id] = ask_sim(c, f"{SYSTEM} Desk {i // 2}.", i % 4 in (1, 2), header)
         spans = receiver.wait_for(
-            lambda s: all(sum(x.kind == "SERVER" for x in of_trace(s, t)) == 1
-                          for t, _ in sent), "all server spans")
+            lambda s: all(sum(x.kind == "SERVER" for x in of_trace(s, t)) == 1 for t in sent),
+            "all server spans")
     retried = 0
-    for trace_id, _stream in sent:
+    for trace_id, (prompt, cached) in sent.items():
         server, attempts = server_and_attempts(spans, trace_id)
         a = server.attributes
         assert a.get("http.response.status_code") == 200, (server, attempts)
+        # the replica's usage, streamed or not, as the client saw it
+        assert a["gen_ai.usage.input_tokens"] == prompt > 0
+        assert a["gen_ai.usage.cache_read.input_tokens"] == cached
+        assert a["prefix_router.cached_tokens.reported"] == cached
+        assert a["prefix_router.cache_hit_ratio"] == round(cached / prompt, 4)
+        assert "prefix_router.cached_tokens.predicted" not in a  # policy prefix keeps no index
         assert a["prefix_router.attempts"] == len(attempts)
         assert a["prefix_router.retries"] == len(attempts) - 1
         assert [s.attributes["prefix_router.attempt"] for s in attempts] == \
@@ -218,6 +229,32 @@ def test_every_attempt_is_a_span_after_a_replica_was_killed(
                 "prefix_router.retry.reason": reason,
                 "prefix_router.retry.previous_replica": "r1"}),)
     assert retried >= 1, "no request was homed on the killed replica"
+    assert any(cached > 0 for _, cached in sent.values()), "no request hit the cache"
+
+
+def test_cache_aware_spans_carry_predicted_and_reported_cached_tokens(
+        router_server: Any, receiver: OtlpReceiver) -> None:
+    fleet_mod = pytest.importorskip("loadtest.fleet")
+    with fleet_mod.Fleet(replicas=2, speed=50.0) as sim:
+        srv, _ = router_server(traced(list(sim.urls), receiver,
+                                      routing={"policy": "cache_aware"}))
+        c = client(srv.url, timeout=30)
+        system = SYSTEM + " Cite the order policy in full. " * 20
+        traces = []
+        for stream in (False, True):
+            header, trace_id, _ = traceparent()
+            traces.append((trace_id, ask_sim(c, system, stream, header)))
+        spans = receiver.wait_for(lambda s: all(complete(s, t) for t, _ in traces),
+                                  "both requests' spans")
+    (first, _), (second, (prompt, cached)) = traces
+    a = server_and_attempts(spans, first)[0].attributes
+    assert a["prefix_router.policy"] == "cache_aware"
+    assert a["prefix_router.cached_tokens.predicted"] == 0  # nothing indexed yet
+    b = server_and_attempts(spans, second)[0].attributes
+    assert b["prefix_router.replica"] == a["prefix_router.replica"]
+    assert cached > 0 and b["prefix_router.cached_tokens.reported"] == cached
+    assert 0 < b["prefix_router.cached_tokens.predicted"] <= prompt
+    assert b["gen_ai.response.time_to_first_chunk"] > 0  # the second was streamed
 
 
 def test_a_client_that_leaves_mid_stream_is_on_the_span(

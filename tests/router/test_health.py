@@ -186,3 +186,16 @@ def test_loops_stop_when_cancelled(threaded_server: Any) -> None:
 
     assert asyncio.run(_with_session(run))
     assert r0.running == 2 and not r0.healthy
+
+
+def test_kv_capacity_from_cache_config_info_labels() -> None:
+    from router.health import kv_capacity_tokens, parse_vllm_metrics
+
+    text = ('vllm:cache_config_info{block_size="16",cache_dtype="auto",'
+            'enable_prefix_caching="True",num_gpu_blocks="2048",model_name="m"} 1.0\n'
+            'vllm:num_requests_running{model_name="m"} 2.0\n')
+    assert parse_vllm_metrics(text).kv_capacity == 2048 * 16
+    assert kv_capacity_tokens('{block_size="16",num_gpu_blocks="None"}') == 0  # before profiling
+    assert kv_capacity_tokens('{block_size="16"}') == 0
+    assert kv_capacity_tokens('{xnum_gpu_blocks="9",num_gpu_blocks="4",block_size="8"}') == 32
+    assert parse_vllm_metrics("vllm:num_requests_running 1\n").kv_capacity == 0

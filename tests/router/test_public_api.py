@@ -54,9 +54,10 @@ PINNED: dict[str, list[str]] = {
         "StreamCancelled", "TooManyRequests", "Unauthorized", "UpstreamConnectError",
         "UpstreamError", "UpstreamTimeout", "error_body", "sse_error_event", "translate_upstream"
     ],
+    "router.chunks": ["Chunks", "MAX_CHUNKS", "MESSAGE_TOKENS", "NO_CHUNKS", "request_chunks"],
     "router.health": [
-        "HealthMonitor", "KV_USAGE", "RUNNING", "Replica", "Replicas", "VllmLoad", "WAITING",
-        "parse_vllm_metrics"
+        "CACHE_CONFIG", "HealthMonitor", "KV_USAGE", "RUNNING", "Replica", "Replicas", "VllmLoad",
+        "WAITING", "kv_capacity_tokens", "parse_vllm_metrics"
     ],
     "router.metrics": [
         "DURATION_BUCKETS", "DistinctKeys", "REPLICA_STATES", "RouterMetrics", "TTFB_BUCKETS"
@@ -64,8 +65,14 @@ PINNED: dict[str, list[str]] = {
     "router.nginx_config": [
         "NginxOptions", "TEMPLATE_PATH", "UpstreamServer", "render", "render_config"
     ],
+    "router.pipeline": [
+        "Candidate", "Filter", "Pipeline", "RequestView", "Scorer", "bounded_load", "cache_score",
+        "home_score", "load_score", "queued_work"
+    ],
+    "router.prefix_index": ["ApproxIndex", "InFlight", "PrefixIndex", "match_holders"],
     "router.proxy": [
-        "AttemptTrace", "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog", "REPLICA_HEADER",
+        "AttemptTrace", "Attempts", "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog",
+        "REPLICA_HEADER",
         "RETRY_STATUSES", "Upstream", "make_session", "strip_hop_by_hop"
     ],
     "router.ring.base": ["Ring", "RingMember", "distinct_owners"],
@@ -73,6 +80,7 @@ PINNED: dict[str, list[str]] = {
     "router.ring.nginx": [
         "NGINX_MAX_SKIPS", "NginxRing", "POINTS_PER_WEIGHT", "key_bytes", "split_server"
     ],
+    "router.routing": ["Routed", "Router"],
     "router.settings": [
         "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
         "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery",
@@ -82,6 +90,7 @@ PINNED: dict[str, list[str]] = {
         "parse_backend", "parse_size", "settings_from_env", "write_settings_file"
     ],
     "router.tracing": ["ATTRIBUTES", "RequestTrace", "Tracing", "operation_name"],
+    "router.usage": ["TAIL_BYTES", "Usage", "UsageTap", "parse_usage"],
 }  # fmt: skip
 
 

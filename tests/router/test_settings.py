@@ -59,7 +59,7 @@ def test_full_document_parses() -> None:
     ({"routing": {"load_factor": 1}}, "routing.load_factor: expected a number > 1, got 1"),
     ({"routing": {"load_floor": -1}}, "routing.load_floor"),
     ({"routing": {"prompt_affinity": "maybe"}}, "routing.prompt_affinity"),
-    ({"routing": {"policy": "random"}}, "routing.policy: expected one of prefix | round_robin | least_loaded, got 'random'"),
+    ({"routing": {"policy": "random"}}, "routing.policy: expected one of prefix | cache_aware | round_robin | least_loaded, got 'random'"),
     ({"routing": {"polcy": "prefix"}}, "routing.polcy: unknown key (value 'prefix')"),
     ({"bogus": 1}, "bogus: unknown key (value 1)"),
     ({3: {"eject_after": 3}}, "3: unknown key (value {'eject_after': 3})"),  # a YAML key that is not a string

@@ -1,0 +1,184 @@
+"""The ``cache_aware`` routing pipeline: filter -> pure scorers in [0, 1] -> picker. Pure.
+
+Input: a `RequestView` (the routing key, the request's estimated prompt tokens) and one
+`Candidate` per available replica (its state, the tokens the prefix index predicts it holds
+for this request, the work already queued on it, its rank on the key's ring walk).
+
+1. **Filters** (`Filter`: candidates -> candidates, in order). `bounded_load` keeps the
+   replicas under the bounded-load cap of `router.policy.LoadBound` (requests in flight,
+   ``load_factor`` x the average, never below ``load_floor``). Further filters (a model or LoRA
+   pool) plug in the same way. Nothing left -> the least loaded available replica, branch
+   ``fallback``.
+2. **Scorers** (`Scorer`: pure, returns [0, 1]) on a common scale ``T = prompt tokens + the
+   largest queued work among the candidates``, so that cache and load are measured in the same
+   unit - prefill tokens:
+   - ``cache``: predicted cached tokens / T - the prefill this replica would not have to do;
+   - ``load``: 1 - queued work / T - the prefill and decode work already waiting there;
+   - ``home``: 2^-rank on the consistent-hash walk of the key's static prefix: 1 for the home.
+   With equal cache and load weights, ``cache + load`` is ``2 - (prompt - cached + queued) / T``:
+   the best replica is the one where this request's prefill plus the queue ahead of it is
+   smallest, as in Dynamo's KV router. A hot prompt therefore stays on the replicas that hold
+   it until queueing there costs more than one cold prefill elsewhere, then replicates.
+   ``home`` is the tie-breaker: when nothing is cached and loads are equal the key's ring home
+   wins, so router processes with no shared state place a new prefix on the same replica and
+   ``ring: nginx`` parity holds for cold keys.
+3. **Picker**: the highest weighted sum; ties by ring rank. The candidates tuple (the retry
+   order) is the pick followed by the rest by score.
+
+Branch (the scorer that decided; API values, also a metric label):
+``cache_hit`` - the pick holds at least ``min_match_tokens`` of the prompt and no candidate
+holds more; ``home`` / ``override`` / ``conversation`` - otherwise, the pick is the key's home
+(the key came from the prefix / the ``X-Prefix-Hash`` header / the conversation identity);
+``spill`` - otherwise: load moved the request off both its home and its best cache;
+``least_loaded`` - a request with no key and no cached prefix; ``fallback`` - every replica was
+filtered out.
+
+Queued work of a replica (`queued_work`), in prefill tokens: the predicted uncached tokens of
+this router's requests on it that have not produced a first byte yet, plus ``decode_tokens``
+per request in flight there (this router's, or the scraped running + waiting, whichever is
+larger), plus the scraped waiting requests this router did not send, each costing the average
+prefill, plus - above ``kv_high`` KV-cache usage - up to one more prompt of this size, since a
+new sequence there waits for blocks or preempts one.
+
+Invariant: whenever some available replica is under the bounded-load cap, the pick is under
+cap (the filter runs first). Cost: O(N) per request for N replicas (scores are a few float
+operations each), plus a sort of N for the retry order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from router.keys import KeySource, RoutingKey
+from router.policy import Branch, Decision, LoadBound
+from router.replicas import ReplicaState
+
+__all__ = [
+    "Candidate",
+    "Filter",
+    "Pipeline",
+    "RequestView",
+    "Scorer",
+    "bounded_load",
+    "cache_score",
+    "home_score",
+    "load_score",
+    "queued_work",
+]
+
+
+@dataclass(frozen=True)
+class RequestView:
+    key: RoutingKey
+    prompt_tokens: int  # estimated tokens of the whole prompt
+    placed: bool = True  # the candidates carry a ring rank (a routing key exists)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    state: ReplicaState
+    cached: int  # tokens of this request the index predicts the replica holds
+    queued: float  # work already queued on the replica, in prefill tokens (`queued_work`)
+    rank: int  # position on the key's ring walk (0 = home); the fleet size when keyless
+
+    @property
+    def name(self) -> str:
+        return self.state.name
+
+
+class Scorer(Protocol):
+    def __call__(self, req: RequestView, c: Candidate, scale: float, fleet: int) -> float:
+        """A value in [0, 1]; ``scale`` is the request's common token scale T, ``fleet`` the
+        number of available replicas."""
+        ...
+
+
+Filter = Callable[[RequestView, list[Candidate]], list[Candidate]]
+
+
+def cache_score(req: RequestView, c: Candidate, scale: float, fleet: int) -> float:
+    return min(c.cached, req.prompt_tokens) / scale
+
+
+def load_score(req: RequestView, c: Candidate, scale: float, fleet: int) -> float:
+    return 1.0 - min(c.queued, scale) / scale
+
+
+def home_score(req: RequestView, c: Candidate, scale: float, fleet: int) -> float:
+    return 0.0 if c.rank >= fleet else 0.5 ** c.rank
+
+
+def bounded_load(bound: LoadBound) -> Filter:
+    """The candidates under the bounded-load cap, over all available replicas' loads."""
+
+    def keep(req: RequestView, candidates: list[Candidate]) -> list[Candidate]:
+        total = sum(c.state.load() for c in candidates)
+        weight = sum(c.state.weight for c in candidates)
+        return [c for c in candidates if c.state.load() < bound.cap(c.state, total, weight)]
+
+    return keep
+
+
+def queued_work(r: ReplicaState, prompt_tokens: int, decode_tokens: float, mean_prefill: float,
+                kv_high: float) -> float:
+    """Prefill-token cost of the work waiting on ``r`` before a new request (module docstring)."""
+    work = r.pending_prefill + decode_tokens * r.load()
+    others = r.waiting - r.unstarted
+    if others > 0:
+        work += others * mean_prefill
+    if r.kv_usage > kv_high:
+        work += prompt_tokens * min(1.0, (r.kv_usage - kv_high) / (1.0 - kv_high))
+    return work
+
+
+_HOME_BRANCH = {KeySource.HEADER: Branch.OVERRIDE, KeySource.CONVERSATION: Branch.CONVERSATION}
+
+
+class Pipeline:
+    """Filters, weighted scorers and the picker of one routing profile."""
+
+    def __init__(self, filters: Sequence[Filter], scorers: Sequence[tuple[Scorer, float]],
+                 min_match_tokens: int) -> None:
+        self.filters = tuple(filters)
+        self.scorers = tuple((s, w) for s, w in scorers if w > 0)
+        self.min_match_tokens = min_match_tokens
+
+    def pick(self, req: RequestView, candidates: list[Candidate]) -> Decision | None:
+        if not candidates:
+            return None
+        fleet = len(candidates)
+        kept = candidates
+        for f in self.filters:
+            kept = f(req, kept)
+        if not kept:
+            ranked = sorted(candidates, key=lambda c: (c.state.load() / c.state.weight, c.rank))
+            return _decision(ranked, Branch.FALLBACK, candidates)
+        scale = float(req.prompt_tokens) + max(c.queued for c in kept)
+        if scale <= 0:
+            scale = 1.0
+        scorers = self.scorers
+        scored = sorted(((sum(w * s(req, c, scale, fleet) for s, w in scorers), -c.rank, c)
+                         for c in kept), key=lambda t: (t[0], t[1]), reverse=True)
+        ranked = [c for _, _, c in scored]
+        best = ranked[0]
+        top_cached = max(c.cached for c in kept)
+        if best.cached >= max(1, self.min_match_tokens) and best.cached >= top_cached:
+            branch = Branch.CACHE_HIT
+        elif best.rank == 0 and req.placed:
+            branch = _HOME_BRANCH.get(req.key.source, Branch.HOME)
+        elif not req.placed and top_cached < max(1, self.min_match_tokens):
+            branch = Branch.LEAST_LOADED
+        else:
+            branch = Branch.SPILL
+        return _decision(ranked, branch, candidates)
+
+
+def _decision(ranked: list[Candidate], branch: Branch, everyone: list[Candidate]) -> Decision:
+    """The pick, then the rest of ``ranked``, then any filtered-out candidate by ring rank."""
+    order = [c.name for c in ranked]
+    seen = set(order)
+    order += [c.name for c in sorted(everyone, key=lambda c: c.rank) if c.name not in seen]
+    home = next((c.name for c in everyone if c.rank == 0), None)
+    return Decision(order[0], branch, tuple(order), home, ranked[0].cached)

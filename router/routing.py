@@ -1,0 +1,219 @@
+"""The one routing entry point: request -> `Routed` (decision + what the outcome will write).
+
+`Router.route(path, headers, body, seq)` is called by the app for every proxied request and by
+``loadtest.simulate`` for every simulated arrival, so both run exactly this code:
+
+1. ``keys.derive`` -> the routing key (static prefix, cut at the first volatile token; else the
+   conversation) - the consistent-hash placement every policy starts from;
+2. policy ``cache_aware``: ``chunks.request_chunks`` over the whole request, the prefix index's
+   predicted cached tokens per replica, the queued work per replica, then
+   ``pipeline.Pipeline.pick`` (filter -> scorers -> picker);
+   policies ``prefix`` / ``round_robin`` / ``least_loaded``: ``policy.choose`` (and, for
+   ``prefix``, the per-process affinities of ``router.affinity``).
+
+The returned `Routed` is the request's outcome recorder; the proxy (or the simulator) calls it
+as attempts happen (`router.proxy.Attempts`):
+``started(replica)`` adds the request's predicted prefill on that replica to the replica's
+queued work; ``served(replica, status)`` - the replica's response started, so its prompt is in
+that replica's KV cache - removes it again and, for a status below 400, writes the request's
+chunks to the index for that replica (once); ``ended(replica)`` removes whatever is still
+queued. Selection itself never writes routing state: a request that failed on one replica and
+was retried on another is indexed only on the one that answered, and a failed request writes
+nothing.
+
+Cost (cache_aware): O(prompt) hashing, O(chunks) index lookups, O(N) scoring; no tokenizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from router.affinity import Affinities
+from router.chunks import NO_CHUNKS, Chunks, request_chunks
+from router.keys import KeyConfig, KeySource, RoutingKey, derive, key_config
+from router.pipeline import (
+    Candidate,
+    Pipeline,
+    RequestView,
+    bounded_load,
+    cache_score,
+    home_score,
+    load_score,
+    queued_work,
+)
+from router.policy import BoundedLoadPrefixPolicy, Decision, LoadBound, Policy, make_policy
+from router.prefix_index import ApproxIndex, InFlight, PrefixIndex
+from router.replicas import ReplicaSet, ReplicaState
+from router.settings import RoutingSettings
+from router.usage import UsageTap
+
+__all__ = ["Routed", "Router"]
+
+_EMA = 0.05  # weight of one request in the running mean of predicted prefill tokens
+
+
+def _novel_key(chunks: Chunks, known: int) -> str | None:
+    """The hash of the first chunk past ``known`` tokens, as a ring key."""
+    for h, t in zip(chunks.hashes, chunks.tokens, strict=True):
+        if t > known:
+            return f"{h:016x}"
+    return None
+
+
+class Routed:
+    """One request's routing decision and its outcome hooks (`router.proxy.Attempts`)."""
+
+    __slots__ = ("_in_flight", "_index", "_open", "cached", "chunks", "decision", "key",
+                 "prompt_tokens", "served_by", "tap")
+
+    def __init__(self, key: RoutingKey, decision: Decision, chunks: Chunks,
+                 cached: Mapping[str, int], index: PrefixIndex | None,
+                 tap: UsageTap | None, in_flight: InFlight | None = None) -> None:
+        self.key = key
+        self.decision = decision
+        self.chunks = chunks
+        self.prompt_tokens = chunks.total
+        self.cached = cached
+        self.tap = tap
+        self.served_by: str | None = None
+        self._index = index
+        self._in_flight = in_flight
+        self._open: dict[str, float] = {}
+
+    def prefill_on(self, replica: str) -> float:
+        """Predicted prompt tokens ``replica`` would have to prefill for this request."""
+        return max(0.0, float(self.prompt_tokens - self.cached.get(replica, 0)))
+
+    def started(self, replica: ReplicaState) -> None:
+        cost = self.prefill_on(replica.name)
+        self._open[replica.name] = cost
+        replica.unstarted += 1
+        replica.pending_prefill += cost
+        if self._in_flight is not None:
+            self._in_flight.add(replica.name, self.chunks)
+
+    def _release(self, replica: ReplicaState) -> None:
+        cost = self._open.pop(replica.name, None)
+        if cost is not None:
+            replica.unstarted -= 1
+            replica.pending_prefill = max(0.0, replica.pending_prefill - cost)
+            if self._in_flight is not None:
+                self._in_flight.remove(replica.name, self.chunks)
+
+    def served(self, replica: ReplicaState, status: int) -> None:
+        self._release(replica)
+        if status < 400 and self.served_by is None:
+            self.served_by = replica.name
+            if self._index is not None:
+                self._index.record(replica.name, self.chunks)
+
+    def ended(self, replica: ReplicaState) -> None:
+        self._release(replica)
+
+    @property
+    def predicted(self) -> int:
+        """Cached tokens predicted on the replica that served (0 before one did)."""
+        return 0 if self.served_by is None else self.cached.get(self.served_by, 0)
+
+
+class Router:
+    """Routing for one process: the policy or pipeline, and the prefix index it learns in."""
+
+    def __init__(self, settings: RoutingSettings, replicas: ReplicaSet,
+                 index: PrefixIndex | None = None) -> None:
+        self.settings = settings
+        self.replicas = replicas
+        self.key_config: KeyConfig = key_config(settings)
+        self.bound = LoadBound(settings.load_factor, settings.load_floor)
+        self.policy: Policy | None = None
+        self.pipeline: Pipeline | None = None
+        self.affinity: Affinities | None = None
+        self.index: PrefixIndex | None = None
+        if settings.policy == "cache_aware":
+            self.index = index or ApproxIndex(settings.kv_capacity_tokens,
+                                              settings.index_max_entries)
+            self.pipeline = Pipeline(
+                [bounded_load(self.bound)],
+                [(cache_score, settings.cache_weight), (load_score, settings.load_weight),
+                 (home_score, settings.home_weight)],
+                settings.min_match_tokens)
+        else:
+            self.policy = make_policy(settings.policy, settings.load_factor,
+                                      load_floor=settings.load_floor)
+            if isinstance(self.policy, BoundedLoadPrefixPolicy):
+                self.affinity = Affinities(self.policy.bound, prompt=settings.prompt_affinity)
+        self.in_flight = InFlight()
+        self._capacity: dict[str, int] = {}
+        self._mean_prefill = 0.0
+
+    def route(self, path: str, headers: Mapping[str, str], body: Mapping[str, Any] | None,
+              seq: int, tap: UsageTap | None = None) -> Routed | None:
+        """The decision for one request (``None``: no replica available)."""
+        key = derive(path, headers, body, self.key_config)
+        states = self.replicas.states()
+        if self.pipeline is None:
+            assert self.policy is not None
+            decision = self.policy.choose(key, states, self.replicas.ring, seq)
+            if decision is None:
+                return None
+            if self.affinity is not None:
+                decision = self.affinity.apply(key, decision, states)
+            return Routed(key, decision, NO_CHUNKS, {}, None, tap)
+        s = self.settings
+        chunks = request_chunks(path, body, s.chunk_chars, s.chars_per_token)
+        assert self.index is not None
+        self._sync_capacity(states)
+        cached: dict[str, int] = {}
+        if chunks.hashes:
+            cached = dict(self.index.match(chunks))
+            if len(self.in_flight):
+                for name, n in self.in_flight.match(chunks).items():
+                    if n > cached.get(name, 0):
+                        cached[name] = n
+        prompt = chunks.total
+        available = [r for r in states if r.available]
+        fleet = len(available)
+        best = max(cached.values(), default=0)
+        cold_key = key.ring_key
+        scored = cached
+        if best < s.match_threshold * prompt and key.source is not KeySource.HEADER:
+            # mostly new content: a new conversation. Place it by its own identity (its
+            # first unknown chunk for a raw prompt), not onto whichever replica holds its
+            # preamble, so that conversations spread over the fleet's KV caches.
+            cold_key = key.conversation or _novel_key(chunks, best) or cold_key
+            scored = {}
+        rank: dict[str, int] = {}
+        if cold_key is not None:
+            names = {r.name for r in available}
+            walk = [n for n in self.replicas.ring.walk(cold_key) if n in names]
+            rank = {n: i for i, n in enumerate(walk)}
+        mean = self._mean_prefill
+        candidates = [Candidate(r, scored.get(r.name, 0),
+                                queued_work(r, prompt, s.decode_tokens, mean, s.kv_high),
+                                rank.get(r.name, fleet))
+                      for r in available]
+        decision = self.pipeline.pick(RequestView(key, prompt, cold_key is not None),
+                                      candidates)
+        if decision is None:
+            return None
+        new = prompt - cached.get(decision.replica, 0)
+        self._mean_prefill = mean + _EMA * (max(0, new) - mean)
+        return Routed(key, decision, chunks, cached, self.index, tap, self.in_flight)
+
+    def _sync_capacity(self, states: tuple[ReplicaState, ...]) -> None:
+        """Hand scraped KV capacities to the index (only when one changed)."""
+        known = self._capacity
+        assert self.index is not None
+        for r in states:
+            cap = r.kv_capacity
+            if cap and known.get(r.name) != cap:
+                known[r.name] = cap
+                self.index.set_capacity(r.name, cap)
+
+    def forget(self, names: set[str]) -> None:
+        """Replicas that left the membership: drop what the index knows of them."""
+        for name in names:
+            self._capacity.pop(name, None)
+            if self.index is not None:
+                self.index.forget(name)

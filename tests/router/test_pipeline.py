@@ -1,0 +1,96 @@
+"""router.pipeline: each scorer, the filter, and the branch label of every decision path."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.keys import KeySource, RoutingKey
+from router.pipeline import (
+    Candidate,
+    Pipeline,
+    RequestView,
+    bounded_load,
+    cache_score,
+    home_score,
+    load_score,
+    queued_work,
+)
+from router.policy import Branch, LoadBound
+from router.replicas import ReplicaState
+
+PREFIX = RoutingKey("p" * 8, "conv", KeySource.PREFIX)
+
+
+def cand(name: str, cached: int = 0, queued: float = 0.0, rank: int = 0,
+         in_flight: int = 0) -> Candidate:
+    return Candidate(ReplicaState(name, f"http://{name}", in_flight=in_flight), cached, queued,
+                     rank)
+
+
+def pipe(floor: int = 8, home: float = 0.1) -> Pipeline:
+    return Pipeline([bounded_load(LoadBound(1.25, floor))],
+                    [(cache_score, 1.0), (load_score, 1.0), (home_score, home)], 64)
+
+
+def test_scorers_are_in_unit_range() -> None:
+    req = RequestView(PREFIX, 1000)
+    for c in (cand("a"), cand("a", cached=5000, queued=10**9, rank=9), cand("a", 1000, 0, 0)):
+        for scorer in (cache_score, load_score, home_score):
+            assert 0.0 <= scorer(req, c, 1000.0 + c.queued, 4) <= 1.0
+    assert home_score(req, cand("a", rank=0), 1.0, 4) == 1.0
+    assert home_score(req, cand("a", rank=1), 1.0, 4) == 0.5
+    assert home_score(req, cand("a", rank=4), 1.0, 4) == 0.0  # keyless: no home
+
+
+def test_queued_work_prices_prefill_decode_others_and_kv_pressure() -> None:
+    r = ReplicaState("a", "http://a", in_flight=2, pending_prefill=500.0, unstarted=1,
+                     waiting=3.0)
+    # 500 pending + 32 decode x max(2 ours, 3 scraped) + (3 waiting - 1 of ours) x 100 prefill
+    assert queued_work(r, 1000, 32.0, 100.0, 0.9) == 500 + 96 + 200
+    r.kv_usage = 0.95  # half-way between kv_high and full: half a prompt more
+    assert queued_work(r, 1000, 32.0, 100.0, 0.9) == pytest.approx(796 + 500)
+
+
+@pytest.mark.parametrize(("candidates", "key", "expected", "branch"), [
+    # nothing cached, equal loads: the key's ring home (cold placement)
+    ([cand("a", rank=1), cand("b", rank=0)], PREFIX, "b", Branch.HOME),
+    ([cand("a", rank=1), cand("b", rank=0)], RoutingKey("h", None, KeySource.HEADER), "b",
+     Branch.OVERRIDE),
+    ([cand("a", rank=1), cand("b", rank=0)], RoutingKey(None, "c", KeySource.CONVERSATION), "b",
+     Branch.CONVERSATION),
+    # the replica holding the prompt wins over the home
+    ([cand("a", cached=900, rank=1), cand("b", rank=0)], PREFIX, "a", Branch.CACHE_HIT),
+    # ... until queueing there costs more than one cold prefill elsewhere: it replicates
+    ([cand("a", cached=900, queued=2000, rank=0), cand("b", rank=1)], PREFIX, "b", Branch.SPILL),
+    # a partial match queued behind load loses to an idle full match elsewhere: still a hit
+    ([cand("a", cached=900, rank=0), cand("b", cached=300, rank=1)], PREFIX, "a",
+     Branch.CACHE_HIT),
+    # no key and nothing cached: the least queued
+    ([cand("a", queued=50, rank=2), cand("b", queued=10, rank=2)],
+     RoutingKey(None, None, KeySource.NONE), "b", Branch.LEAST_LOADED),
+])
+def test_branch_names_the_scorer_that_decided(candidates: list[Candidate], key: RoutingKey,
+                                              expected: str, branch: Branch) -> None:
+    d = pipe().pick(RequestView(key, 1000, key.ring_key is not None), candidates)
+    assert d is not None and (d.replica, d.branch) == (expected, branch)
+    assert d.candidates[0] == expected and sorted(d.candidates) == sorted(
+        c.name for c in candidates)
+
+
+def test_bounded_load_filter_keeps_the_pick_under_cap() -> None:
+    # a holds everything but is at cap (floor 0: cap = ceil(1.25 * 9 / 2) = 6)
+    cs = [cand("a", cached=1000, in_flight=6, rank=0), cand("b", in_flight=2, rank=1)]
+    d = pipe(floor=0).pick(RequestView(PREFIX, 1000), cs)
+    assert d is not None and d.replica == "b" and d.branch is Branch.SPILL
+    assert d.candidates == ("b", "a")  # the filtered-out replica is still a retry target
+    assert d.predicted == 0
+
+
+def test_fallback_when_every_replica_is_filtered() -> None:
+    def nobody(req: RequestView, cs: list[Candidate]) -> list[Candidate]:
+        return []
+
+    p = Pipeline([nobody], [(load_score, 1.0)], 64)
+    d = p.pick(RequestView(PREFIX, 10), [cand("a", in_flight=3), cand("b", in_flight=1)])
+    assert d is not None and (d.replica, d.branch) == ("b", Branch.FALLBACK)
+    assert p.pick(RequestView(PREFIX, 10), []) is None

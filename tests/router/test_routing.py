@@ -1,0 +1,117 @@
+"""router.routing: the one entry point; index writes come from outcomes only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from router.discovery.base import Endpoint
+from router.policy import Branch
+from router.replicas import ReplicaSet
+from router.routing import Router
+from router.settings import Settings
+
+CHAT = "/v1/chat/completions"
+
+
+def router(**routing: Any) -> Router:
+    rs = ReplicaSet([Endpoint(f"r{i}", f"http://127.0.0.1:{9100 + i}") for i in range(4)])
+    return Router(Settings.from_dict({"routing": {"policy": "cache_aware", **routing}}).routing,
+                  rs)
+
+
+def body(*turns: str, system: str = "You answer questions about the billing system. " * 40
+         ) -> dict[str, Any]:
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    for i, t in enumerate(turns):
+        msgs.append({"role": "user", "content": t})
+        if i < len(turns) - 1:
+            msgs.append({"role": "assistant", "content": f"answer to {t}"})
+    return {"model": "m", "messages": msgs}
+
+
+def test_selection_writes_nothing_and_failures_write_nothing() -> None:
+    r = router()
+    routed = r.route(CHAT, {}, body("q1"), 1)
+    assert routed is not None and routed.decision.branch is Branch.HOME
+    assert r.index is not None and r.index.match(routed.chunks) == {}
+    state = r.replicas.get(routed.decision.replica)
+    assert state is not None
+    routed.started(state)
+    assert state.unstarted == 1 and state.pending_prefill == routed.prompt_tokens
+    routed.ended(state)  # failed before its response started
+    assert (state.unstarted, state.pending_prefill) == (0, 0.0)
+    assert r.index.match(routed.chunks) == {} and len(r.in_flight) == 0
+
+
+def test_a_retried_request_is_indexed_on_the_replica_that_answered() -> None:
+    r = router()
+    routed = r.route(CHAT, {}, body("q1"), 1)
+    assert routed is not None
+    first, second = (r.replicas.get(n) for n in routed.decision.candidates[:2])
+    assert first is not None and second is not None
+    routed.started(first)
+    routed.ended(first)  # connect refused: the proxy moves on
+    routed.started(second)
+    routed.served(second, 200)
+    routed.ended(second)
+    assert r.index is not None
+    assert r.index.match(routed.chunks) == {second.name: routed.prompt_tokens}
+    assert routed.served_by == second.name and routed.predicted == 0
+    # an error answer from the last candidate is relayed but indexes nothing
+    other = r.route(CHAT, {}, body("q9", system="another prompt " * 60), 2)
+    assert other is not None
+    state = r.replicas.get(other.decision.replica)
+    assert state is not None
+    other.started(state)
+    other.served(state, 500)
+    assert r.index.match(other.chunks) == {}
+
+
+def test_next_turn_follows_the_replica_that_served_the_last() -> None:
+    r = router()
+    placed = {}
+    for conv in ("a", "b", "c", "d", "e", "f"):
+        routed = r.route(CHAT, {}, body(f"first {conv}"), 1)
+        assert routed is not None
+        state = r.replicas.get(routed.decision.replica)
+        assert state is not None
+        routed.started(state)
+        routed.served(state, 200)
+        routed.ended(state)
+        placed[conv] = state.name
+    for conv, where in placed.items():
+        nxt = r.route(CHAT, {}, body(f"first {conv}", "second"), 2)
+        assert nxt is not None
+        assert (nxt.decision.replica, nxt.decision.branch) == (where, Branch.CACHE_HIT)
+        assert nxt.decision.predicted > 0.9 * body_tokens(nxt.prompt_tokens)
+
+
+def body_tokens(n: int) -> int:
+    return n - 40  # the new user turn and its template markup are not cached
+
+
+def test_a_burst_queues_behind_the_first_of_a_new_prefix() -> None:
+    r = router()
+    first = r.route(CHAT, {}, body("q1"), 1)
+    assert first is not None
+    state = r.replicas.get(first.decision.replica)
+    assert state is not None
+    state.in_flight += 1
+    first.started(state)  # prefilling, not answered yet
+    second = r.route(CHAT, {}, body("q2"), 2)
+    assert second is not None and second.decision.replica == state.name
+    assert second.decision.branch is Branch.CACHE_HIT
+
+
+def test_scraped_capacity_bounds_the_index() -> None:
+    r = router(kv_capacity_tokens=100_000)
+    rep = r.replicas.get("r0")
+    assert rep is not None
+    rep.kv_capacity = 300  # tokens; the prompt has about 500
+    routed = r.route(CHAT, {}, body("q"), 1)
+    assert routed is not None and r.index is not None
+    r0 = r.replicas.get("r0")
+    assert r0 is not None
+    routed.started(r0)
+    routed.served(r0, 200)
+    assert 0 < r.index.used("r0") <= 300 < routed.prompt_tokens  # type: ignore[attr-defined]
