@@ -11,7 +11,9 @@ Request path (plain ASGI, no middleware stack):
 
 The body is parsed once, for validation and the routing key; the raw bytes are what is sent on.
 Errors raised anywhere before the first response byte are `RouterError`s answered in one place
-(`_answer_error`) in OpenAI error format.
+(`_answer_error`) in OpenAI error format. Connection-level limits (head and body deadlines, head
+sizes, connection caps) are enforced below this app by `router.limits`, through the app's
+`connection_guard`.
 
 Lifespan: startup creates the aiohttp sessions (hot path and control plane), publishes the
 static membership at once, then starts discovery, health probes, the load scrape and the
@@ -52,6 +54,7 @@ from router.errors import (
     error_body,
 )
 from router.health import HealthMonitor
+from router.limits import ConnectionGuard, refused_by
 from router.metrics import RouterMetrics
 from router.policy import Branch
 from router.proxy import Forwarder, Upstream, make_session
@@ -98,6 +101,8 @@ class RouterApp:
         self.access_log = AccessLog() if settings.logging.access_log else None
         self.tracing: Tracing | None = None  # made in startup when tracing is on
         self._environ = environ
+        # found by the http= protocol of `prefix-router serve` (router.limits)
+        self.connection_guard = ConnectionGuard(settings.limits, self.metrics, self.access_log)
         self._metrics_here = not settings.admin.enabled
 
     # membership ------------------------------------------------------------------------------
@@ -244,12 +249,14 @@ class RouterApp:
             await self._answer_error(send, err)
         except ClientGone:
             record.status = CLIENT_CLOSED
+            # a limits.* deadline ended the body: the guard answered 408 and wrote the line
+            record.limit = refused_by(scope)
         finally:
             if counted:
                 self._open -= 1
             if trace is not None:
                 trace.finish(record)
-            if self.access_log is not None:
+            if self.access_log is not None and record.limit is None:
                 record.duration_ms = round((time.perf_counter() - t0) * 1000, 3)
                 if record.ttfb_ms is not None:
                     record.ttfb_ms = round(record.ttfb_ms, 3)

@@ -184,12 +184,20 @@ def _graceful_exit(signum: int, frame: object) -> None:
 def run_uvicorn(settings: Settings) -> None:
     """Serve until SIGINT/SIGTERM. uvicorn drains in-flight requests for `shutdown.grace_period`,
     runs the lifespan shutdown, then re-raises the signal it captured; the handler installed here
-    turns that SIGTERM into SystemExit so callers' cleanup (demo fleet, metrics dir) still runs."""
+    turns that SIGTERM into SystemExit so callers' cleanup (demo fleet, metrics dir) still runs.
+    HTTP is uvicorn's httptools protocol with the router's connection limits
+    (`router.limits.HTTP_PROTOCOL`); the open-file limit is raised to what they need first."""
     import uvicorn
 
+    from router.limits import HTTP_PROTOCOL, ensure_descriptors
+
     signal.signal(signal.SIGTERM, _graceful_exit)
+    warning = ensure_descriptors(settings)
+    if warning:
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
     common: dict[str, Any] = dict(
-        host=settings.listen.host, port=settings.listen.port, loop="uvloop", http="httptools",
+        host=settings.listen.host, port=settings.listen.port, loop="uvloop", http=HTTP_PROTOCOL,
+        timeout_keep_alive=settings.limits.keepalive_timeout,
         lifespan="on", interface="asgi3", log_config=log_config(settings),
         log_level=settings.logging.level,
         access_log=False, server_header=False, date_header=False, proxy_headers=False,

@@ -6,9 +6,13 @@ Tree:
       InvalidRequest        400      invalid JSON / shape / content type
       Unauthorized          401      missing or wrong bearer key
       NotFound              404      path outside /v1/* and the router's own routes
+      RequestTimeout        408      head or body not received within its limits.* deadline
       PayloadTooLarge       413      body over proxy.max_body_bytes
+      UriTooLong            414      request line over limits.max_request_line
       TooManyRequests       429      proxy.max_in_flight reached (Retry-After)
+      HeaderFieldsTooLarge  431      over limits.max_header_count or limits.max_header_bytes
       NoReplicaAvailable    503      nothing healthy to send to (Retry-After)
+      TooManyConnections    503      limits.max_connections[_per_client] reached (Retry-After)
       UpstreamError         502      a replica failed; `reason` is the metric label
         UpstreamConnectError         connect failed or timed out, or the connection broke
                                      (refused, reset, closed)
@@ -22,19 +26,23 @@ candidate; the failed exchange's connection is closed, so vLLM aborts whatever i
 (`raise ... from exc`), so the proxy reasons only about our types. `error_body()` is the JSON
 body; `sse_error_event()` is the in-band form used once a stream has started and a status code
 can no longer be sent. Bodies are built with json.dumps only (messages never contain prompt text).
+The connection-level ones (408, 414, 431, TooManyConnections) are answered by the protocol layer
+(`router/limits.py`) before or outside an ASGI request, from `raw_response()`.
 """
 
 from __future__ import annotations
 
 import json
+from http import HTTPStatus
 from types import TracebackType
 
 import aiohttp
 
 __all__ = [
-    "InvalidRequest", "NoReplicaAvailable", "NotFound", "PayloadTooLarge", "RouterError",
-    "StreamCancelled", "TooManyRequests", "Unauthorized", "UpstreamConnectError", "UpstreamError",
-    "UpstreamTimeout", "error_body", "sse_error_event", "translate_upstream"
+    "HeaderFieldsTooLarge", "InvalidRequest", "NoReplicaAvailable", "NotFound", "PayloadTooLarge",
+    "RequestTimeout", "RouterError", "StreamCancelled", "TooManyConnections", "TooManyRequests",
+    "Unauthorized", "UpstreamConnectError", "UpstreamError", "UpstreamTimeout", "UriTooLong",
+    "error_body", "raw_response", "sse_error_event", "translate_upstream"
 ]
 
 
@@ -80,10 +88,28 @@ class NotFound(RouterError):
     code = "not_found"
 
 
+class RequestTimeout(RouterError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class PayloadTooLarge(RouterError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class UriTooLong(RouterError):
+    status = 414
+    type = "invalid_request_error"
+    code = "request_line_too_long"
+
+
+class HeaderFieldsTooLarge(RouterError):
+    status = 431
+    type = "invalid_request_error"
+    code = "request_header_fields_too_large"
 
 
 class TooManyRequests(RouterError):
@@ -96,6 +122,12 @@ class NoReplicaAvailable(RouterError):
     status = 503
     type = "server_error"
     code = "no_replica_available"
+
+
+class TooManyConnections(RouterError):
+    status = 503
+    type = "server_error"
+    code = "too_many_connections"
 
 
 class StreamCancelled(RouterError):
@@ -127,6 +159,17 @@ class UpstreamTimeout(UpstreamError):
 
 def error_body(err: RouterError) -> bytes:
     return json.dumps(err.payload()).encode()
+
+
+def raw_response(err: RouterError) -> bytes:
+    """The whole HTTP/1.1 response for `err`, ending the connection (`Connection: close`): what
+    the protocol layer writes when there is no ASGI request to answer through."""
+    body = error_body(err)
+    head = [f"HTTP/1.1 {err.status} {HTTPStatus(err.status).phrase}".encode()]
+    head += [name + b": " + value for name, value in err.headers()]
+    head += [b"content-length: " + str(len(body)).encode(), b"connection: close"]
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
 
 
 def sse_error_event(err: RouterError) -> bytes:

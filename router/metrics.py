@@ -14,9 +14,9 @@ prefix ends.
 
 Multiple uvicorn workers: when PROMETHEUS_MULTIPROC_DIR is set (the CLI sets it for --workers > 1)
 prometheus_client keeps values in per-process files and `render()` merges them: counters and
-histograms sum; `in_flight` and `distinct_keys_per_minute` are summed over live workers (the key
-estimate then over-counts keys seen by several workers); `replica_healthy` and `replicas` take
-the max over workers.
+histograms sum; `in_flight`, `connections` and `distinct_keys_per_minute` are summed over live
+workers (the key estimate then over-counts keys seen by several workers); `replica_healthy` and
+`replicas` take the max over workers.
 """
 
 from __future__ import annotations
@@ -124,6 +124,9 @@ class RouterMetrics:
                               multiprocess_mode="livesum")
         self.rejected = Counter(p + "rejected_total", "Requests answered by the router itself",
                                 ["reason"], registry=r)
+        self.connections = Gauge(p + "connections", "Client connections this router process has "
+                                 "open (refused ones excluded)", registry=r,
+                                 multiprocess_mode="livesum")
         self.replicas = Gauge(p + "replicas", "Replicas in membership by state", ["state"],
                               registry=r, multiprocess_mode="max")
         self.scraped = Gauge(p + "replica_scraped_load", "The replica's own load as last "

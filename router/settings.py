@@ -30,10 +30,10 @@ import yaml
 __all__ = [
     "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
     "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery", "LOG_LEVELS",
-    "Listen", "LoggingSettings", "POLICIES", "ProxySettings", "RINGS", "ReplicaSpec",
-    "RoutingSettings", "SCHEMES", "SETTINGS_ENV", "ScrapeSettings", "Settings", "SettingsError",
-    "ShutdownSettings", "TracingSettings", "load_settings", "parse_backend", "parse_size",
-    "settings_from_env", "write_settings_file"
+    "LimitsSettings", "Listen", "LoggingSettings", "POLICIES", "ProxySettings", "RINGS",
+    "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV", "ScrapeSettings", "Settings",
+    "SettingsError", "ShutdownSettings", "TracingSettings", "load_settings", "parse_backend",
+    "parse_size", "settings_from_env", "write_settings_file"
 ]
 
 SETTINGS_ENV = "PREFIX_ROUTER_SETTINGS_FILE"
@@ -353,6 +353,40 @@ class ProxySettings:
 
 
 @dataclass(frozen=True)
+class LimitsSettings:
+    """Connection-level limits (`router/limits.py` enforces them; docs/router.md compares each
+    with its nginx counterpart). 0 for `max_connections_per_client` means no per-client cap."""
+
+    header_timeout: float = 60.0
+    body_timeout: float = 60.0
+    body_min_rate: int = 8 * 1024
+    keepalive_timeout: float = 75.0
+    max_request_line: int = 8 * 1024
+    max_header_count: int = 100
+    max_header_bytes: int = 32 * 1024
+    max_connections: int = 4096
+    max_connections_per_client: int = 0
+
+    @classmethod
+    def parse(cls, r: _Reader) -> LimitsSettings:
+        s = cls(header_timeout=r.number("header_timeout", cls.header_timeout, gt=0),
+                body_timeout=r.number("body_timeout", cls.body_timeout, gt=0),
+                body_min_rate=r.size("body_min_rate", cls.body_min_rate),
+                keepalive_timeout=r.number("keepalive_timeout", cls.keepalive_timeout, gt=0),
+                max_request_line=r.size("max_request_line", cls.max_request_line),
+                max_header_count=r.integer("max_header_count", cls.max_header_count, 1, 100_000),
+                max_header_bytes=r.size("max_header_bytes", cls.max_header_bytes),
+                max_connections=r.integer("max_connections", cls.max_connections, 1),
+                max_connections_per_client=r.integer("max_connections_per_client",
+                                                     cls.max_connections_per_client, 0))
+        if s.max_connections_per_client > s.max_connections:
+            raise SettingsError(f"{r.key('max_connections_per_client')}: expected an integer <= "
+                                f"max_connections ({s.max_connections}) or 0 (off), "
+                                f"got {s.max_connections_per_client!r}")
+        return s
+
+
+@dataclass(frozen=True)
 class AuthSettings:
     api_keys: tuple[str, ...] = ()
     api_keys_env: str | None = None
@@ -460,8 +494,8 @@ def _endpoint_ok(v: object) -> bool:
 _SECTIONS: dict[str, Any] = {
     "listen": Listen, "discovery": DiscoverySettings, "routing": RoutingSettings,
     "health": HealthSettings, "scrape": ScrapeSettings, "proxy": ProxySettings,
-    "auth": AuthSettings, "admin": AdminSettings, "logging": LoggingSettings,
-    "shutdown": ShutdownSettings, "tracing": TracingSettings,
+    "limits": LimitsSettings, "auth": AuthSettings, "admin": AdminSettings,
+    "logging": LoggingSettings, "shutdown": ShutdownSettings, "tracing": TracingSettings,
 }
 
 
@@ -475,6 +509,7 @@ class Settings:
     health: HealthSettings = field(default_factory=HealthSettings)
     scrape: ScrapeSettings = field(default_factory=ScrapeSettings)
     proxy: ProxySettings = field(default_factory=ProxySettings)
+    limits: LimitsSettings = field(default_factory=LimitsSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
     admin: AdminSettings = field(default_factory=AdminSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)

@@ -78,6 +78,17 @@ SCENARIOS: list[tuple[str, str, str]] = [
      "2 replicas with `--max-num-seqs 2` (about 20 short requests/s), router "
      "`proxy.max_in_flight: 8`, 64 clients sending without pause for 3 s, then 20 sequential "
      "requests. Router in-flight and RSS sampled every 20 ms."),
+    ("limits", "Connection-level limits",
+     "Router processes with short `limits.*` deadlines (`tests/reliability/test_limits.py`). "
+     "Slowloris: 1,000 connections each send a partial request head, then one header line "
+     "every 0.5 s, against `header_timeout: 2`; 100 ordinary requests run alongside (10 at a "
+     "time); held times run from the connection as the client saw it established to the close it "
+     "saw (`held_from_connect_call_min_s`: from just before the connect call). Bodies: "
+     "`body_timeout: 1`, `body_min_rate: 1MiB`; a body declared as 100,000 bytes trickled one "
+     "byte per 0.1 s, then a 16 MiB chat body sent at 4 MiB/s to an upstream that counts the "
+     "bytes. Heads (default limits): 5,000 header lines, 96 (accepted), one 64 KiB header, a 10 "
+     "KiB request target. Cap: `max_connections: 50`, 50 idle connections held, then 200 more "
+     "opened at once. Descriptors are counted in /proc/<pid>/fd."),
     ("shutdown", "Shutdown (SIGTERM under load)",
      "8 open streams of ~3 s each, then SIGTERM to the router process, with a grace period "
      "longer (10 s) and shorter (1 s) than the streams."),
@@ -208,6 +219,7 @@ def render(measured: dict[str, dict[str, Any]], rows: list[tuple[str, str, str]]
             out += ["| measured | value |", "|---|---|"]
             out += [f"| {k} | {_value(v)} |" for k, v in measured[key].items()]
             out.append("")
+    out += limits_table()
     out += ["## Test outcomes", "", "| test | outcome | note |", "|---|---|---|"]
     out += [f"| `{name}` | {o} | {msg.replace('|', '/')} |" for name, o, msg in rows]
     out += ["", "## Router bugs these suites found (fixed)", ""]
@@ -219,6 +231,46 @@ def render(measured: dict[str, dict[str, Any]], rows: list[tuple[str, str, str]]
     out += ["", "Each is marked `xfail(strict=True)`: once the router is fixed the test passes, "
             "the strict xfail turns that into a failure, and the mark must be removed.", ""]
     return "\n".join(out)
+
+
+# limits.* setting -> (nginx's directive and default, what uvicorn alone does). The router's
+# defaults are read from router.settings, where they live.
+NGINX_LIMITS: list[tuple[str, str, str]] = [
+    ("header_timeout", "`client_header_timeout 60s` (408)", "none: a partial head is held forever"),
+    ("body_timeout", "`client_body_timeout 60s`, between two reads (408)", "none"),
+    ("body_min_rate", "none", "none"),
+    ("keepalive_timeout", "`keepalive_timeout 75s`", "`timeout_keep_alive` 5 s (used by the router)"),
+    ("max_request_line", "one `large_client_header_buffers` buffer, 8k (414)", "none"),
+    ("max_header_count", "none, bounded by the buffers", "none (h11: none)"),
+    ("max_header_bytes", "`large_client_header_buffers 4 8k`; one field per 8k buffer (400)",
+     "none (h11: 16 KiB, answered 400)"),
+    ("max_connections", "`worker_connections 512` per worker, upstream included",
+     "`limit_concurrency` off; checked after the head, plain-text 503"),
+    ("max_connections_per_client", "none (`limit_conn` is opt-in)", "none"),
+]
+
+
+_BYTES = ("body_min_rate", "max_request_line", "max_header_bytes")
+
+
+def limits_table() -> list[str]:
+    from router.settings import LimitsSettings
+
+    defaults = LimitsSettings()
+    rows = ["## Connection limits next to nginx's defaults", "",
+            "The router's defaults (`router/settings.py`, section `limits`; docs/router.md, "
+            "Connection limits, says which layer enforces each and why):", "",
+            "| setting | router default | nginx default | uvicorn 0.54 alone |", "|---|---|---|---|"]
+    for name, nginx, uvicorn in NGINX_LIMITS:
+        value = getattr(defaults, name)
+        if isinstance(value, float):
+            shown = f"{value:g} s"
+        elif name in _BYTES:
+            shown = f"{value // 1024} KiB" + ("/s" if name == "body_min_rate" else "")
+        else:
+            shown = str(value) if value else "off (0)"
+        rows.append(f"| `limits.{name}` | {shown} | {nginx} | {uvicorn} |")
+    return [*rows, ""]
 
 
 def _meta() -> dict[str, str]:

@@ -70,3 +70,14 @@ def test_a_closed_stream_loses_lines_but_does_not_raise() -> None:
     log.emit(record(1))
     log.flush()
     log.emit(record(2))  # still usable afterwards
+
+
+def test_limit_field_only_on_lines_a_limit_wrote() -> None:
+    out = Recording()
+    log = AccessLog(lambda: out)
+    log.emit(record(1))
+    log.emit(AccessRecord("-", "-", 408, limit="limits.header_timeout"))
+    log.flush()
+    plain, limited = (json.loads(ln) for ln in out.getvalue().splitlines())
+    assert "limit" not in plain
+    assert limited["limit"] == "limits.header_timeout" and limited["status"] == 408

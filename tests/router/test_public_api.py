@@ -50,14 +50,20 @@ PINNED: dict[str, list[str]] = {
     ],
     "router.discovery.static": ["StaticDiscovery"],
     "router.errors": [
-        "InvalidRequest", "NoReplicaAvailable", "NotFound", "PayloadTooLarge", "RouterError",
-        "StreamCancelled", "TooManyRequests", "Unauthorized", "UpstreamConnectError",
-        "UpstreamError", "UpstreamTimeout", "error_body", "sse_error_event", "translate_upstream"
+        "HeaderFieldsTooLarge", "InvalidRequest", "NoReplicaAvailable", "NotFound",
+        "PayloadTooLarge", "RequestTimeout", "RouterError", "StreamCancelled",
+        "TooManyConnections", "TooManyRequests", "Unauthorized", "UpstreamConnectError",
+        "UpstreamError", "UpstreamTimeout", "UriTooLong", "error_body", "raw_response",
+        "sse_error_event", "translate_upstream"
     ],
     "router.chunks": ["Chunks", "MAX_CHUNKS", "MESSAGE_TOKENS", "NO_CHUNKS", "request_chunks"],
     "router.health": [
         "CACHE_CONFIG", "HealthMonitor", "KV_USAGE", "RUNNING", "Replica", "Replicas", "VllmLoad",
         "WAITING", "kv_capacity_tokens", "parse_vllm_metrics"
+    ],
+    "router.limits": [
+        "ConnectionGuard", "HTTP_PROTOCOL", "LINGER", "LimitedHttpToolsProtocol", "Rejection",
+        "body_deadline", "ensure_descriptors", "header_bytes", "refused_by"
     ],
     "router.metrics": [
         "DURATION_BUCKETS", "DistinctKeys", "REPLICA_STATES", "RouterMetrics", "TTFB_BUCKETS"
@@ -84,8 +90,8 @@ PINNED: dict[str, list[str]] = {
     "router.settings": [
         "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
         "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery",
-        "LOG_LEVELS", "Listen", "LoggingSettings", "POLICIES", "ProxySettings", "RINGS",
-        "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV", "ScrapeSettings",
+        "LOG_LEVELS", "LimitsSettings", "Listen", "LoggingSettings", "POLICIES", "ProxySettings",
+        "RINGS", "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV", "ScrapeSettings",
         "Settings", "SettingsError", "ShutdownSettings", "TracingSettings", "load_settings",
         "parse_backend", "parse_size", "settings_from_env", "write_settings_file"
     ],

@@ -32,6 +32,24 @@ def test_defaults_match_the_documented_schema() -> None:
     assert s.shutdown.grace_period == 30.0
     assert s.tracing.enabled is False and s.tracing.record_routing_keys is False
     assert (s.tracing.endpoint, s.tracing.service_name, s.tracing.sample_ratio) == (None,) * 3
+    # nginx: client_header_timeout / client_body_timeout 60s, keepalive_timeout 75s,
+    # large_client_header_buffers 4 8k (one 8k buffer for the request line)
+    lim = s.limits
+    assert (lim.header_timeout, lim.body_timeout, lim.keepalive_timeout) == (60.0, 60.0, 75.0)
+    assert (lim.max_request_line, lim.max_header_bytes) == (8 * 1024, 32 * 1024)
+    assert (lim.body_min_rate, lim.max_header_count) == (8 * 1024, 100)
+    assert (lim.max_connections, lim.max_connections_per_client) == (4096, 0)
+
+
+def test_limits_parse() -> None:
+    lim = Settings.from_dict({"limits": {
+        "header_timeout": 2, "body_timeout": 1.5, "body_min_rate": "1MiB",
+        "keepalive_timeout": 5, "max_request_line": "4KiB", "max_header_count": 50,
+        "max_header_bytes": 16384, "max_connections": 10, "max_connections_per_client": 10,
+    }}).limits
+    assert lim.header_timeout == 2.0 and isinstance(lim.header_timeout, float)
+    assert lim.body_min_rate == 1024 * 1024 and lim.max_request_line == 4096
+    assert (lim.max_connections, lim.max_connections_per_client) == (10, 10)
 
 
 def test_full_document_parses() -> None:
@@ -82,6 +100,14 @@ def test_full_document_parses() -> None:
     ({"discovery": {"type": "dns"}}, "discovery.dns.name: required when discovery.type is dns"),
     ({"auth": {"api_keys": "secret"}}, "auth.api_keys: expected a list of non-empty strings"),
     ({"admin": {"port": 0}}, "admin.port: expected a port in [1, 65535] or null, got 0"),
+    ({"limits": {"header_timeout": 0}}, "limits.header_timeout: expected a number > 0, got 0"),
+    ({"limits": {"body_min_rate": 0}}, "limits.body_min_rate: expected a size in bytes (int or e.g. '16MiB'), got 0"),
+    ({"limits": {"max_header_count": 0}}, "limits.max_header_count: expected an integer in [1, 100000], got 0"),
+    ({"limits": {"max_header_bytes": "big"}}, "limits.max_header_bytes: expected a size in bytes"),
+    ({"limits": {"max_connections": 0}}, "limits.max_connections: expected an integer >= 1, got 0"),
+    ({"limits": {"max_connections_per_client": -1}}, "limits.max_connections_per_client: expected an integer >= 0, got -1"),
+    ({"limits": {"max_connections": 8, "max_connections_per_client": 9}}, "limits.max_connections_per_client: expected an integer <= max_connections (8) or 0 (off), got 9"),
+    ({"limits": {"idle_timeout": 5}}, "limits.idle_timeout: unknown key (value 5)"),
     ({"logging": {"level": "loud"}}, "logging.level: expected one of debug | info | warning | error | critical, got 'loud'"),
     ({"tracing": {"enabled": "on"}}, "tracing.enabled: expected true or false, got 'on'"),
     ({"tracing": {"endpoint": "collector:4318"}}, "tracing.endpoint: expected an http(s) URL or null, got 'collector:4318'"),
