@@ -26,6 +26,11 @@ Client disconnect: `receive()` is awaited by a `DisconnectWatch` (no Task) while
 exchange runs; on `http.disconnect` it cancels the request task, which closes (not releases) the upstream
 connection so vLLM sees the disconnect and aborts generation. A disconnect is never retried.
 
+Tracing (`router.tracing`, when on): each attempt starts a CLIENT span before dispatch - the
+request then carries that span as its ``traceparent`` instead of the client's - and ends it in
+the attempt's ``finally`` with the replica's status, the first-byte time and the failure reason;
+a client disconnect is reported too. Off, the trace is None: one ``is None`` test per attempt.
+
 In-flight accounting: `ReplicaState.in_flight` and `prefix_router_in_flight` go up at dispatch
 and down in a `finally` when the attempt ends, however it ends.
 """
@@ -77,8 +82,7 @@ class Attempts(Protocol):
 
 __all__ = [
     "AttemptTrace", "Attempts", "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog",
-    "REPLICA_HEADER",
-    "RETRY_STATUSES", "Upstream", "make_session", "strip_hop_by_hop"
+    "REPLICA_HEADER", "RETRY_STATUSES", "Upstream", "make_session", "strip_hop_by_hop"
 ]
 
 
@@ -93,6 +97,7 @@ class AttemptTrace(Protocol):
                     retried: bool) -> None: ...
 
     def disconnected(self) -> None: ...
+
 
 HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate",
                         b"proxy-authorization", b"proxy-connection", b"te", b"trailer",

@@ -78,8 +78,7 @@ PINNED: dict[str, list[str]] = {
     "router.prefix_index": ["ApproxIndex", "InFlight", "PrefixIndex", "match_holders"],
     "router.proxy": [
         "AttemptTrace", "Attempts", "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog",
-        "REPLICA_HEADER",
-        "RETRY_STATUSES", "Upstream", "make_session", "strip_hop_by_hop"
+        "REPLICA_HEADER", "RETRY_STATUSES", "Upstream", "make_session", "strip_hop_by_hop"
     ],
     "router.ring.base": ["Ring", "RingMember", "distinct_owners"],
     "router.ring.hashring": ["HashRing", "ORDER_CACHE_SIZE"],

@@ -111,3 +111,13 @@ def test_start_tracing(doc: dict[str, Any], env: dict[str, str], on: bool) -> No
     assert (tracing is not None) is on
     if tracing is not None:
         tracing.shutdown()
+
+
+def test_the_readme_documents_every_attribute() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Traces (OpenTelemetry)", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split("|")[1].strip().strip("`") for line in section.splitlines()
+            if line.startswith("| `")}
+    assert rows == set(ATTRIBUTES)
