@@ -182,13 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-requests", type=int, default=200)
     p.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"))
     p.add_argument("--out", help="raw results (JSON)")
+    p.add_argument("--workdir", help="keep the setups' logs and configs here (default: a temp dir)")
     args = p.parse_args(argv)
     cfg = OverheadConfig(concurrency=args.concurrency, cpu_requests=args.cpu_requests,
                          latency_requests=args.latency_requests, rounds=args.rounds,
                          paced_ms=0.0, capacity_requests=0)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-tracing-") as tmp:
-        data = run(cfg, args.repeats, args.base, Path(tmp),
+        data = run(cfg, args.repeats, args.base, Path(args.workdir or tmp),
                    log=lambda m: print(m, file=sys.stderr, flush=True))
     data["seconds"] = time.monotonic() - t0
     if args.out:

@@ -64,7 +64,7 @@ ATTRIBUTES: dict[str, str] = {
     "error.type": "S C: the failure reason (retry vocabulary) or status code of a failed span",
     "server.address": "C: the replica's host",
     "server.port": "C: the replica's port",
-    "url.full": "C: the upstream URL",
+    "url.full": "C: the upstream URL (without the query string)",
     "http.request.resend_count": "C: 1 on the second attempt, 2 on the third...",
     "gen_ai.operation.name": "S: chat, text_completion or embeddings",
     "gen_ai.request.model": "S: the body's model",
@@ -253,7 +253,7 @@ class RequestTrace:
         self._attempt_no += 1
         n = self._attempt_no
         attrs: dict[str, Any] = {
-            "http.request.method": method, "url.full": str(url),
+            "http.request.method": method, "url.full": str(url.with_query(None)),
             "server.address": url.host or "", "prefix_router.replica": replica,
             "prefix_router.attempt": n}
         if url.port is not None:
