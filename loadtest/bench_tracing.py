@@ -6,9 +6,10 @@ Setups, all in front of one simulated ``--instant`` replica (`loadtest.overhead.
 same cells as `prefix-loadtest overhead` without the paced and capacity ones): ``direct``,
 ``router-prefix`` (tracing off), ``router-prefix+tracing`` (tracing on: the SDK's
 BatchSpanProcessor and OTLP/HTTP exporter sending to `loadtest.otlp_sink`, a separate process
-that drops what it gets) and, with ``--base REV``, ``router-prefix@REV``: the router of another
-commit (``git archive REV`` unpacked into a temporary directory) with tracing off, which is how
-"tracing off costs nothing" is checked against the code before tracing existed.
+that drops what it gets) and, per ``--base REV`` (repeatable), ``router-prefix@REV``: the router
+of another commit (``git archive REV`` unpacked into a temporary directory) with tracing off,
+which is how "tracing off costs nothing" is checked against the code without tracing (the
+commit before it, and main as merged, which has everyone else's changes too).
 
 The whole measurement is repeated ``--repeats`` times (every setup restarted each time); each
 repeat interleaves its cells over ``--rounds`` rounds. Reported per setup and mode: router CPU
@@ -60,11 +61,11 @@ def _unpack(rev: str, into: Path) -> Path:
     return tree
 
 
-def run(cfg: OverheadConfig, repeats: int, base: str | None, workdir: Path,
+def run(cfg: OverheadConfig, repeats: int, bases: Sequence[str], workdir: Path,
         log: Any = None) -> dict[str, Any]:
     setups = [Setup("direct"), Setup("router", "prefix"), Setup("router", "prefix", tracing=True)]
-    if base:
-        setups.append(Setup("router", "prefix", source=str(_unpack(base, workdir / "base"))))
+    setups += [Setup("router", "prefix", source=str(_unpack(rev, workdir / "base")))
+               for rev in bases]
     cpu: dict[str, dict[str, list[float]]] = {s.name: {m: [] for m in MODES} for s in setups}
     p50: dict[str, dict[str, list[float]]] = {s.name: {m: [] for m in MODES} for s in setups}
     errors: dict[str, int] = {s.name: 0 for s in setups}
@@ -80,7 +81,7 @@ def run(cfg: OverheadConfig, repeats: int, base: str | None, workdir: Path,
                 p50[row["setup"]][row["mode"]].append(row["latency"]["p50"] * 1e3)
         if log:
             log(f"bench-tracing: repeat {r + 1}/{repeats} done")
-    return {"config": {**cfg.__dict__, "repeats": repeats, "base": base},
+    return {"config": {**cfg.__dict__, "repeats": repeats, "bases": list(bases)},
             "setups": [s.name for s in setups], "cpu_us": cpu, "p50_ms": p50,
             "errors": errors, "skipped": skipped}
 
@@ -105,8 +106,8 @@ def render(data: Mapping[str, Any], machine: Mapping[str, Any]) -> str:
              f"over {cfg['rounds']} rounds. `+tracing`: tracing on, every request sampled, the "
              f"SDK's batch span processor and OTLP/HTTP exporter to a local sink "
              f"(`loadtest.otlp_sink`, its own process). "
-             + (f"`{based[0]}`: the router of commit {cfg['base']} (before tracing), same "
-                f"environment. " if based else "")
+             + (f"{', '.join(f'`{n}`' for n in based)}: the router of that commit (without "
+                f"tracing) in the same environment. " if based else "")
              + "Δ = the setup minus `router-prefix` (tracing off) in the same repeat: median, "
                "and min..max over the repeats.", "",
              "| setup | mode | CPU µs/request (median) | Δ µs/request | Δ min..max | "
@@ -140,7 +141,7 @@ def _verdicts(data: Mapping[str, Any]) -> list[str]:
             d = _deltas(data["cpu_us"][name][mode], ref[mode])
             if not d:
                 continue
-            what = ("tracing off against the commit before tracing"
+            what = (f"tracing off against {name.split('@')[1]}"
                     if "@" in name else "tracing on (batch exporter)")
             if "@" in name:
                 d = [-x for x in d]  # this tree minus the old one
@@ -174,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.bench_tracing", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     c = OverheadConfig()
-    p.add_argument("--base", help="also run this commit's router (git rev), tracing off")
+    p.add_argument("--base", action="append", default=[],
+                   help="also run this commit's router (git rev), tracing off; repeatable")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=c.concurrency)

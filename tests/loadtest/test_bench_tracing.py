@@ -65,7 +65,7 @@ def _data(base: bool) -> dict[str, object]:
     cpu = {"direct": [200.0, 210.0], "router-prefix": [600.0, 640.0],
            "router-prefix+tracing": [700.0, 760.0], "router-prefix@abc1234": [610.0, 630.0]}
     return {"config": {"chunks": 64, "concurrency": 16, "cpu_requests": 1500, "repeats": 2,
-                       "rounds": 2, "base": "abc1234" if base else None},
+                       "rounds": 2, "bases": ["abc1234"] if base else []},
             "setups": setups,
             "cpu_us": {s: {"plain": cpu[s], "stream": cpu[s]} for s in setups},
             "p50_ms": {s: {"plain": [1.0, 1.2], "stream": [3.0, 3.1]} for s in setups},
@@ -80,7 +80,7 @@ def test_render_states_each_difference_and_whether_it_is_measurable() -> None:
     assert "tracing on (batch exporter), plain: median +110 µs, range +100..+120 per " \
            "request — measurable." in text
     # this tree minus the old one: -10 and +10 -> spans 0
-    assert "tracing off against the commit before tracing, stream: median +0 µs, range " \
+    assert "tracing off against abc1234, stream: median +0 µs, range " \
            "-10..+10 per request — within the run's noise (the range spans 0)." in text
 
 
