@@ -23,6 +23,14 @@ the PID it started, waits, then SIGKILLs. Every listener binds 127.0.0.1 only.
 * ``direct``: no router, the first replica (overhead baseline).
 * ``passthrough``: `loadtest.passthrough` in front of the first replica - uvicorn + aiohttp with
   no routing, the floor of the router's own stack; ready when ``GET /health`` passes through.
+* ``<setup>-x<N>`` (``router-cache_aware-x2``, ``sglang-cache_aware-x2``): N independent
+  processes of that router (each with its own state: index, tree, affinities), every one
+  ready as above, behind `loadtest.splitter` - a round-robin TCP splitter that hands each
+  connection to the next process, as a Kubernetes Service does with router pods. ``-x1`` is one
+  process behind the splitter (what the hop itself costs).
+
+Any router policy name is passed through to ``routing.policy``; the router rejects one it does
+not know (the setup then fails to start, naming it).
 
 The Rust routers log every request at INFO; they run with ``--log-level warn`` and
 ``RUST_LOG=warn`` and their output goes to a log file in ``workdir``. Process CPU time
@@ -36,6 +44,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -61,6 +70,7 @@ __all__ = [
 
 KEY_HEADER = "X-Prefix-Hash"
 KINDS = ("router", "nginx", "sglang", "vllm", "direct", "passthrough")
+SPLIT_KINDS = ("router", "sglang", "vllm")  # may run as several processes behind the splitter
 Replica = tuple[str, str]  # (name, url)
 
 
@@ -72,23 +82,37 @@ class SetupError(RuntimeError):
 class Setup:
     kind: str
     policy: str = ""
+    processes: int | None = None  # N processes behind the splitter; None: one, no splitter
     tracing: bool = False  # router only: OpenTelemetry traces on, to an OTLP sink
     source: str | None = None  # router only: a directory holding the router package to run
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"setup kind: expected one of {KINDS}, got {self.kind!r}")
+        if self.processes is not None:
+            if self.kind not in SPLIT_KINDS:
+                raise ValueError(f"setup {self.kind}: only {', '.join(SPLIT_KINDS)} run as "
+                                 "several processes")
+            if self.processes < 1:
+                raise ValueError(f"setup processes: expected >= 1, got {self.processes}")
         if (self.tracing or self.source) and self.kind != "router":
             raise ValueError(f"setup {self.kind}: +tracing and @source are router variants")
 
     @property
     def name(self) -> str:
         name = f"{self.kind}-{self.policy}" if self.policy else self.kind
+        if self.processes is not None:
+            name += f"-x{self.processes}"
         if self.tracing:
             name += "+tracing"
         if self.source:
             name += "@" + Path(self.source).name
         return name
+
+    @property
+    def single(self) -> Setup:
+        """One process of this setup, without the splitter."""
+        return Setup(self.kind, self.policy, tracing=self.tracing, source=self.source)
 
     @property
     def prefix_hash_header(self) -> str | None:
@@ -105,15 +129,22 @@ class Setup:
         return None
 
 
+_PROCESSES = re.compile(r"-x(\d+)$")
+
+
 def parse_setup(text: str) -> Setup:
-    """``router-prefix`` / ``nginx`` / ``sglang-cache_aware`` / ``vllm-consistent_hash``, and
-    the router variants ``router-prefix+tracing`` / ``router-prefix@/path/to/tree``."""
+    """``router-prefix`` / ``nginx`` / ``sglang-cache_aware`` / ``vllm-consistent_hash``;
+    a ``-x<N>`` suffix: N processes behind the splitter (``router-cache_aware-x2``); then the
+    router variants ``+tracing`` and ``@/path/to/tree`` (``router-prefix-x2+tracing@/tmp/t``)."""
     text, _, source = text.partition("@")
     text, plus, variant = text.partition("+")
     if plus and variant != "tracing":
         raise ValueError(f"setup variant: expected +tracing, got +{variant!r}")
+    processes = None
+    if m := _PROCESSES.search(text):
+        processes, text = int(m.group(1)), text[: m.start()]
     kind, _, policy = text.partition("-")
-    return Setup(kind, policy, tracing=bool(plus), source=source or None)
+    return Setup(kind, policy, processes, tracing=bool(plus), source=source or None)
 
 
 def _nginx_binary() -> str | None:
@@ -125,10 +156,17 @@ def _nginx_binary() -> str | None:
 class Launched:
     def __init__(self, setup: Setup, url: str, proc: subprocess.Popen[bytes] | None,
                  log: Path | None, *, pid: int | None = None,
+                 parts: Sequence[Launched] = (),
                  helpers: Sequence[subprocess.Popen[bytes]] = ()) -> None:
         self.setup, self.url, self.proc, self.log = setup, url, proc, log
         self._pid = pid   # a process this setup did not start (direct: the replica itself)
+        self.parts = list(parts)  # the router processes behind a splitter (proc)
         self.helpers = list(helpers)  # started with it, stopped after it, CPU not counted
+
+    @property
+    def urls(self) -> list[str]:
+        """Each router process's own URL (its /metrics): the parts', else this one's."""
+        return [p.url for p in self.parts] or [self.url]
 
     @property
     def pid(self) -> int | None:
@@ -144,22 +182,29 @@ class Launched:
             return "(no log)"
 
     def stop(self, grace: float = 5.0) -> None:
-        for p in [self.proc, *self.helpers]:
-            if p is None or p.poll() is not None:
-                continue
-            with contextlib.suppress(ProcessLookupError):
-                p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=5)
+        _terminate(self.proc, grace)
+        for part in self.parts:
+            part.stop(grace)
+        for helper in self.helpers:  # last: a router flushes its spans to its sink on exit
+            _terminate(helper, grace)
 
     def __enter__(self) -> Launched:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _terminate(p: subprocess.Popen[bytes] | None, grace: float) -> None:
+    if p is None or p.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(timeout=5)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -340,6 +385,8 @@ def _launch_once(setup: Setup, replicas: Sequence[Replica], workdir: Path,
     if reason:
         raise SetupError(f"{setup.name}: {reason}")
     workdir.mkdir(parents=True, exist_ok=True)
+    if setup.processes is not None:
+        return _launch_split(setup, replicas, workdir, port)
     if setup.kind == "direct":
         return Launched(setup, replicas[0][1], None, None)
     port = port or free_port()
@@ -359,6 +406,29 @@ def _launch_passthrough(setup: Setup, replicas: Sequence[Replica], port: int,
                    "--port", str(port)], log)
     launched = Launched(setup, f"http://127.0.0.1:{port}", proc, log)
     _wait(launched, lambda: http_ok(f"{launched.url}/health"), 30.0)
+    return launched
+
+
+def _launch_split(setup: Setup, replicas: Sequence[Replica], workdir: Path,
+                  port: int | None) -> Launched:
+    """``setup.processes`` independent processes of ``setup.single``, then the splitter."""
+    assert setup.processes is not None
+    parts: list[Launched] = []
+    try:
+        for i in range(setup.processes):
+            parts.append(launch(setup.single, replicas, workdir / f"{setup.name}-{i}"))
+        port = port or free_port()
+        log = workdir / f"{setup.name}-splitter.log"
+        argv = [sys.executable, "-m", "loadtest.splitter", "--port", str(port)]
+        for p in parts:
+            argv += ["--upstream", p.url.removeprefix("http://")]
+        launched = Launched(setup, f"http://127.0.0.1:{port}", _spawn(argv, log), log,
+                            parts=parts)
+        _wait(launched, lambda: "ready" in launched.tail(), 15.0)
+    except BaseException:
+        for p in parts:
+            p.stop()
+        raise
     return launched
 
 

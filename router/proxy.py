@@ -391,7 +391,8 @@ class Forwarder:
                 else:  # half-read: never back to the pool; closing makes vLLM abort
                     resp.close()
             record.status = status
-            up.metrics.finished(name, record.branch or "", status, ttfb, time.perf_counter() - t0)
+            up.metrics.finished(name, record.branch or "", status, ttfb, time.perf_counter() - t0,
+                                record.model)
             if trace is not None:
                 relayed = record.ttfb_ms is not None
                 trace.attempt_end(None if resp is None else resp.status, record.ttfb_ms,
