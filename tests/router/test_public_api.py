@@ -70,7 +70,7 @@ PINNED: dict[str, list[str]] = {
     ],
     "router.models": [
         "Pool", "PoolStatus", "ServedModels", "UNKNOWN", "catalog", "lora_affinity",
-        "model_label", "select_pool", "served_models"
+        "select_pool", "served_models"
     ],
     "router.nginx_config": [
         "ModelPool", "NginxOptions", "TEMPLATE_PATH", "UpstreamServer", "model_pools", "render",
