@@ -389,7 +389,7 @@ def test_limits_hold_with_workers(start_fleet: Callable[..., Fleet],
                                   start_router: Callable[..., RouterProcess]) -> None:
     """`--workers 2`: each worker imports the protocol by name and finds its app's guard."""
     fleet = start_fleet(1, instant=True)
-    cfg = router_config(fleet.urls, fleet.names, limits={"header_timeout": 1.0})
+    cfg = router_config(fleet.urls, fleet.names, limits={"header_timeout": 2.0})
     cfg["workers"] = 2
     router = start_router(cfg)
 
