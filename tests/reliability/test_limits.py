@@ -160,7 +160,7 @@ def test_slowloris_is_closed_at_the_head_deadline(start_fleet: Callable[..., Fle
     measure("limits_slowloris", connections=SLOWLORIS, header_timeout_s=HEAD_TIMEOUT,
             drip_every_s=DRIP_EVERY, connect_all_s=round(out["connect_seconds"], 2),
             held_min_s=round(held[0], 2), held_p50_s=round(held[len(held) // 2], 2),
-            held_max_s=round(held[-1], 2), held_from_connect_call_min_s=round(earliest, 2),
+            held_from_connect_call_min_s=round(earliest, 2),
             answered_408=answered,
             connections_gauge_while_open=out["gauge_while_open"],
             normal_requests=NORMAL, normal_ok=out["normal_status"].count(200),
