@@ -2,15 +2,28 @@
 
 Three parts, run one after the other on this machine:
 
-1. compare (`loadtest.compare`): shared-prefix, hot-prefix, multi-turn and a scaled-down
-   mooncake replay through every routing setup, 4 simulated replicas restarted cold per setup;
-2. overhead (`loadtest.overhead`): proxy CPU per request / per chunk and added latency;
-3. simulate (`loadtest.simulate`): the discrete-event simulator at 64 replicas.
+1. compare (`loadtest.compare`): the six workloads (`WORKLOADS`: shared-prefix, hot-prefix,
+   multi-turn, a scaled-down mooncake replay, rag, agent) at each fleet size of `FLEETS`, through
+   every routing setup (`setups`: the router with each of its policies, default first, nginx,
+   sglang-router cache_aware and round_robin), a fresh simulated fleet per setup; on the
+   `SPLIT_FLEETS` cells also the default policy as 1, 2 and 4 processes behind the round-robin
+   splitter and sglang-router as 2 (`split_setups`). Each cell also gets its one-cache ceiling;
+2. overhead (`loadtest.overhead`): proxy CPU per request / per chunk and added latency, with the
+   router's default policy;
+3. simulate (`loadtest.simulate`): the discrete-event simulator at 64 replicas (`SIM_WORKLOADS`),
+   every router policy, each against the ceiling.
 
-Writes ``docs/benchmarks.md``, ``docs/img/bench-*.png`` and the raw JSON under
-``build/bench/``. ``--quick`` shrinks every part (a smoke run of the pipeline, not a benchmark);
-``--skip`` leaves parts out; ``--render-only`` redraws the doc and figures from the saved JSON. Budget: the full run is sized to finish in well under 15 minutes on
-2 cores (about 8 s of traffic per setup and workload, plus start-up).
+A `BenchWorkload` is sized for 4 replicas; `BenchWorkload.at(n)` scales its rate and its request
+count by n/4 on the same KV per replica, so every fleet size sees the same load per replica and
+the same traffic time. The setups follow the router: a policy added to `router.settings.POLICIES`
+is benchmarked, and the targets judge whichever is `routing.policy`'s default.
+
+Writes ``docs/benchmarks.md`` (`loadtest.bench_doc`), ``docs/img/bench-*.png`` and the raw JSON
+under ``build/bench/``. ``--quick`` shrinks every part (a smoke run of the pipeline, not a
+benchmark); ``--skip`` leaves parts out; ``--workload`` / ``--replicas`` / ``--setup`` narrow the
+compare part; ``--render-only`` redraws the doc and figures from the saved JSON. Budget: the full
+run is sized to finish in about 30 minutes on 2 cores (8-13 s of traffic per setup and cell,
+plus 3-5 s of start-up each).
 """
 
 from __future__ import annotations
@@ -21,18 +34,21 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from loadtest.compare import DEFAULT_SETUPS, FleetParams, compare, machine_info
+from loadtest.compare import FleetParams, compare, machine_info
+from loadtest.report import slug
 from loadtest.runner import DEFAULT_TRACE, Plan
 from loadtest.setups import parse_setup
 from loadtest.workloads import Request, WorkloadSpec, generate
 
-__all__ = ["BenchWorkload", "WORKLOADS", "main"]
+__all__ = ["FLEETS", "SIM_WORKLOADS", "SPLIT_FLEETS", "WORKLOADS", "BenchWorkload", "SimWorkload",
+           "default_policy", "main", "setups", "split_setups"]
 
 ROOT = Path(__file__).resolve().parents[1]
+BASE_REPLICAS = 4
 
 
 @dataclass(frozen=True)
@@ -44,15 +60,84 @@ class BenchWorkload:
     spec: dict[str, Any]
     max_input_tokens: int | None = None  # mooncake: see `mooncake_slice`
 
+    @property
+    def key(self) -> str:
+        """The cell's name in results and figures."""
+        return f"{self.name}, {self.fleet.replicas} replicas"
 
+    def at(self, replicas: int) -> BenchWorkload:
+        """This workload on ``replicas`` replicas: rate and requests scaled by replicas / 4."""
+        k = replicas / self.fleet.replicas
+        return replace(self, requests=round(self.requests * k), rate=self.rate * k,
+                       fleet=replace(self.fleet, replicas=replicas))
+
+
+# Sized for 4 replicas (see the module docstring for the scaling). The rates load the fleet:
+# round-robin queues behind its misses, and a replica that gets all of hot-prefix's hot prompt
+# is overloaded (its users paste 300 new tokens a turn: cached short questions alone cost a
+# replica so little that concentrating them never hurts).
+_SMALL_PROMPTS = {"prompts": 4, "min_prompt_tokens": 500, "max_prompt_tokens": 1500}
 WORKLOADS = (
-    BenchWorkload("shared-prefix", 120, 12.0, FleetParams(), {}),
-    BenchWorkload("hot-prefix", 120, 12.0, FleetParams(), {"turns": 4}),
-    BenchWorkload("multi-turn", 120, 12.0, FleetParams(), {"turns": 4}),
+    BenchWorkload("shared-prefix", 160, 20.0, FleetParams(), {}),
+    BenchWorkload("hot-prefix", 200, 20.0, FleetParams(), {"turns": 4, "user_tokens": 300}),
+    BenchWorkload("multi-turn", 160, 20.0, FleetParams(), {"turns": 4}),
     BenchWorkload("mooncake", 100, 8.0, FleetParams(kv_blocks=2048, speed=2.0),
                   {"trace_path": DEFAULT_TRACE, "max_output_tokens": 32},
                   max_input_tokens=9000),
+    BenchWorkload("rag", 140, 14.0, FleetParams(kv_blocks=1024),
+                  {**_SMALL_PROMPTS, "min_doc_tokens": 150, "max_doc_tokens": 500, "turns": 3}),
+    BenchWorkload("agent", 120, 12.0, FleetParams(kv_blocks=2048, speed=2.0), _SMALL_PROMPTS),
 )
+FLEETS = (4, 8)
+SPLIT_FLEETS = (8,)  # cells that also measure several router processes
+
+
+@dataclass(frozen=True)
+class SimWorkload:
+    name: str
+    requests: int
+    rate: float
+    kv_blocks: int
+    spec: dict[str, Any] = field(default_factory=dict)
+    replicas: int = 64
+
+
+SIM_WORKLOADS = (
+    SimWorkload("shared-prefix", 4000, 240.0, 768, {"prompts": 256}),
+    SimWorkload("multi-turn", 4000, 240.0, 768, {"prompts": 256, "turns": 4}),
+    SimWorkload("rag", 4000, 200.0, 1024, {**_SMALL_PROMPTS, "prompts": 16,
+                                           "min_doc_tokens": 150, "max_doc_tokens": 500,
+                                           "turns": 3}),
+    SimWorkload("agent", 3000, 60.0, 2048, {**_SMALL_PROMPTS, "prompts": 8}),
+)
+
+
+def default_policy() -> str:
+    """The router's default ``routing.policy`` (what its settings parser falls back to)."""
+    from router.settings import RoutingSettings
+
+    return RoutingSettings.policy
+
+
+def policies() -> list[str]:
+    """Every policy the router accepts, its default first."""
+    from router.settings import POLICIES
+
+    default = default_policy()
+    return [default] + [p for p in POLICIES if p != default]
+
+
+def setups() -> list[str]:
+    """The compare setups of every cell."""
+    return ([f"router-{p}" for p in policies()]
+            + ["nginx", "sglang-cache_aware", "sglang-round_robin"])
+
+
+def split_setups() -> list[str]:
+    """Several router processes: the cache-aware policy (else the default) as 1, 2 and 4
+    processes behind the splitter, and sglang-router cache_aware as 2."""
+    ca = "cache_aware" if "cache_aware" in policies() else default_policy()
+    return [f"router-{ca}-x1", f"router-{ca}-x2", f"router-{ca}-x4", "sglang-cache_aware-x2"]
 
 
 def mooncake_slice(trace: Path, out: Path, requests: int, max_input_tokens: int) -> Path:
@@ -94,20 +179,25 @@ def _requests(w: BenchWorkload, seed: int, workdir: Path) -> tuple[list[Request]
     return reqs, meta
 
 
-def run_compare(workloads: tuple[BenchWorkload, ...], setups: list[str], workdir: Path,
-                seed: int) -> dict[str, Any]:
+def run_compare(cells: tuple[BenchWorkload, ...], names: list[str], split: list[str],
+                workdir: Path, seed: int,
+                split_fleets: tuple[int, ...] = SPLIT_FLEETS) -> dict[str, Any]:
+    """Every cell through ``names`` (and ``split`` on the ``split_fleets`` cells)."""
     merged: dict[str, Any] = {}
-    for w in workloads:
-        reqs, meta = _requests(w, seed, workdir / w.name)
-        plan = Plan("http://unused", rate=w.rate, max_requests=len(reqs), max_time=60.0)
-        res = compare({w.name: (reqs, meta)}, [parse_setup(s) for s in setups], plan, w.fleet,
-                      workdir / w.name)
-        block = res["workloads"][w.name]
+    for w in cells:
+        reqs, meta = _requests(w, seed, workdir / slug(w.key))
+        plan = Plan("http://unused", rate=w.rate, max_requests=len(reqs), max_time=90.0)
+        chosen = names + (split if w.fleet.replicas in split_fleets else [])
+        res = compare({w.key: (reqs, meta)}, [parse_setup(s) for s in chosen], plan, w.fleet,
+                      workdir / slug(w.key))
+        block = res["workloads"][w.key]
         block["fleet"] = asdict(w.fleet)
         if not merged:
             merged = res
+            merged.pop("fleet", None)  # per cell
         else:
-            merged["workloads"][w.name] = block
+            merged["workloads"][w.key] = block
+    merged["ours"] = f"router-{default_policy()}"
     return merged
 
 
@@ -118,25 +208,47 @@ def run_overhead(workdir: Path, quick: bool) -> dict[str, Any]:
     cfg = OverheadConfig()
     if quick:
         cfg = replace(cfg, latency_requests=30, cpu_requests=60, rounds=1, capacity_requests=60)
-    return measure([parse_setup(s) for s in OH_SETUPS], cfg, workdir,
+    names = [f"router-{default_policy()}" if s.startswith("router-") else s for s in OH_SETUPS]
+    return measure([parse_setup(s) for s in names], cfg, workdir,
                    log=lambda m: print(m, file=sys.stderr, flush=True))
 
 
-def run_simulate(quick: bool) -> dict[str, Any]:
-    from loadtest.simulate import SimConfig, simulate, workload_requests
+def _sim_requests(w: SimWorkload) -> list[Any]:
+    from loadtest.simulate import workload_requests
 
-    n, replicas, prompts, rate = (400, 16, 32, 60.0) if quick else (4000, 64, 256, 240.0)
-    reqs = workload_requests("shared-prefix", n, 0, rate, prompts=prompts)
-    results = []
-    for policy in ("prefix", "round_robin", "least_loaded"):
-        res = simulate(reqs, SimConfig(replicas=replicas, policy=policy, kv_blocks=768,
-                                       max_num_seqs=64))
-        results.append(res.to_json())
-        print(f"simulate {policy}: hit {res.hit_rate:.3f} ttft p99 {res.ttft['p99']:.3f} "
-              f"({res.wall_seconds:.0f}s)", file=sys.stderr, flush=True)
-    return {"workload": {"name": "shared-prefix", "requests": n, "prompts": prompts,
-                         "rate": rate, "replicas": replicas, "kv_blocks": 768},
-            "results": results}
+    return workload_requests(w.name, w.requests, 0, w.rate, **w.spec)
+
+
+def run_simulate(quick: bool) -> dict[str, Any]:
+    """Every router policy on every `SIM_WORKLOADS` entry; a policy the simulation cannot run
+    is reported as failed, the others go on."""
+    from loadtest.simulate import SimConfig, simulate
+
+    parts = []
+    for w in SIM_WORKLOADS:
+        if quick:  # a quarter of the fleet at a quarter of the rate, a tenth of the requests
+            w = replace(w, requests=w.requests // 10, rate=w.rate / 4, replicas=w.replicas // 4)
+        reqs = _sim_requests(w)
+        part: dict[str, Any] = {
+            "workload": {"name": w.name, "requests": w.requests, "rate": w.rate,
+                         "replicas": w.replicas,
+                         "kv_blocks": w.kv_blocks, **w.spec},
+            "results": [], "failed": {}}
+        for policy in policies():
+            try:
+                res = simulate(reqs, SimConfig(replicas=w.replicas, policy=policy,
+                                               kv_blocks=w.kv_blocks, max_num_seqs=64))
+            except Exception as exc:  # one policy the simulator cannot run must not stop the rest
+                part["failed"][policy] = f"{type(exc).__name__}: {exc}"[:300]
+                traceback.print_exc()
+                continue
+            part["results"].append(res.to_json())
+            print(f"simulate {w.name} {policy}: hit {res.hit_rate:.3f} "
+                  f"({res.of_ceiling:.2f} of the ceiling) ttft p99 {res.ttft['p99']:.3f} "
+                  f"max/mean {res.load_max_over_mean:.2f} ({res.wall_seconds:.0f}s)",
+                  file=sys.stderr, flush=True)
+        parts.append(part)
+    return {"workloads": parts}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,8 +256,14 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of the pipeline")
     p.add_argument("--skip", action="append", default=[], choices=["compare", "overhead", "simulate"])
-    p.add_argument("--setup", action="append", default=None, help="compare setups (repeatable)")
+    p.add_argument("--setup", action="append", default=None,
+                   help="compare setups of every cell (repeatable; default: `setups()`)")
+    p.add_argument("--split-setup", action="append", default=None,
+                   help="setups of the SPLIT_FLEETS cells only (default: `split_setups()`; "
+                        "'none' for none)")
     p.add_argument("--workload", action="append", default=None, help="compare workloads")
+    p.add_argument("--replicas", action="append", type=int, default=None,
+                   help=f"fleet sizes (repeatable; default: {', '.join(map(str, FLEETS))})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"))
     p.add_argument("--img", default=str(ROOT / "docs" / "img"))
@@ -154,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="redraw the doc and figures from JSON_DIR/bench.json, run nothing")
     args = p.parse_args(argv)
 
-    from loadtest.report import benchmarks_markdown
+    from loadtest.bench_doc import benchmarks_markdown
 
     t0 = time.monotonic()
     img, json_dir = Path(args.img), Path(args.json_dir)
@@ -164,13 +282,17 @@ def main(argv: list[str] | None = None) -> int:
                                                       Path(args.doc).parent))
         return 0
     json_dir.mkdir(parents=True, exist_ok=True)
-    workloads = tuple(w for w in WORKLOADS if not args.workload or w.name in args.workload)
+    chosen = tuple(w for w in WORKLOADS if not args.workload or w.name in args.workload)
+    fleets = tuple(args.replicas or ((BASE_REPLICAS,) if args.quick else FLEETS))
+    cells = tuple(w.at(n) for w in chosen for n in fleets)
     if args.quick:
-        workloads = tuple(replace(w, requests=20) for w in workloads)
+        cells = tuple(replace(w, requests=20) for w in cells)
+    split = [] if args.split_setup == ["none"] else (args.split_setup or split_setups())
     data: dict[str, Any] = {"machine": machine_info(), "quick": args.quick, "timings": {}}
     parts = {
-        "compare": lambda work: run_compare(workloads, args.setup or list(DEFAULT_SETUPS),
-                                            work / "compare", args.seed),
+        "compare": lambda work: run_compare(cells, args.setup or setups(), split,
+                                            work / "compare", args.seed,
+                                            (BASE_REPLICAS,) if args.quick else SPLIT_FLEETS),
         "overhead": lambda work: run_overhead(work / "overhead", args.quick),
         "simulate": lambda work: run_simulate(args.quick),
     }
@@ -200,14 +322,17 @@ def _figures(data: dict[str, Any], img: Path) -> dict[str, Path]:
 
     out: dict[str, Path] = {}
     if "compare" in data:
+        keys = {slug(k): k for k in data["compare"].get("workloads", {})}
         for path in compare_plots(data["compare"], img, prefix="bench-compare"):
-            out[path.stem.removeprefix("bench-compare-")] = path
-    if "simulate" in data:
-        w = data["simulate"]["workload"]
-        out["simulate"] = simulate_plot(
-            data["simulate"]["results"], img / "bench-simulate.png",
-            f"simulate: {w['replicas']} replicas, shared-prefix with {w['prompts']} prompts, "
-            f"{w['requests']} requests")
+            stem = path.stem.removeprefix("bench-compare-")
+            out[keys.get(stem, stem)] = path
+    sim = data.get("simulate") or {}
+    for part in sim.get("workloads", []):
+        w = part["workload"]
+        if part.get("results"):
+            out[f"simulate-{w['name']}"] = simulate_plot(
+                part["results"], img / f"bench-simulate-{slug(w['name'])}.png",
+                f"simulate: {w['replicas']} replicas, {w['name']}, {w['requests']} requests")
     return out
 
 

@@ -2,7 +2,8 @@
 
 The simulated benchmark (`loadtest.bench`) models vLLM; this one measures it. Two real vLLM CPU
 replicas (`loadtest.vllm_fleet.VllmFleet`, the tiny dummy-weight Llama from ``make vllm-env``)
-are started **once**; then, for every policy in turn:
+are started **once**; then, for every policy of the router in turn (its default first, so a
+policy that lands in `router.settings.POLICIES` is benchmarked without editing this file):
 
 1. both replicas' prefix caches are emptied (``POST /reset_prefix_cache``), so every setup
    starts cold without a multi-minute restart;
@@ -26,6 +27,11 @@ equally, ~9.6k tokens together). The KV cache (``--kv-cache-memory``, default 32
 tokens per replica) is sized so that the spread prompts fit only in the two caches together,
 the situation on a real GPU fleet that prefix routing is for.
 
+Each workload also gets its one-cache ceiling (`loadtest.ceiling`): the same requests rendered
+with the served model's chat template, tokenised with its tokenizer and replayed through one
+cache of both replicas' ``num_gpu_blocks`` (read from ``vllm:cache_config_info``), the best hit
+rate any routing could reach on this fleet; its prompt-token count is checked against vLLM's own.
+
 Writes ``docs/benchmarks-vllm.md`` (`render`, pure) and the raw summaries to
 ``build/bench/bench-vllm.json``. Cost: fleet start-up (2-3 min on two busy cores) plus, per
 policy, ``requests / rate`` seconds of traffic and a drain of a few seconds.
@@ -36,15 +42,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from loadtest.ceiling import fleet_ceiling
 from loadtest.compare import machine_info, scrape_branches
 from loadtest.report import COMPARE_HEADER, compare_row, fmt, ms, pct, table
 from loadtest.runner import Plan, run
@@ -70,6 +78,13 @@ class Replicas(Protocol):
     def reset_prefix_cache(self, i: int) -> None: ...
 
 
+def _router_policies() -> tuple[str, ...]:
+    """Every policy the router accepts, its default first (a new one is benchmarked as it lands)."""
+    from router.settings import POLICIES, RoutingSettings
+
+    return (RoutingSettings.policy, *(p for p in POLICIES if p != RoutingSettings.policy))
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """One workload run through every policy (the fleet is configured in `main`)."""
@@ -86,7 +101,7 @@ class BenchConfig:
     max_prompt_tokens: int = 800
     max_tokens: int = 16
     seed: int = 0
-    policies: tuple[str, ...] = ("prefix", "round_robin", "least_loaded")
+    policies: tuple[str, ...] = field(default_factory=_router_policies)
     max_time: float = 600.0  # hard deadline per setup run
 
 
@@ -149,11 +164,25 @@ def _by_name(summary: Mapping[str, Any], fleet: Replicas) -> dict[str, dict[str,
     return out
 
 
-def bench(fleet: Replicas, cfg: BenchConfig, workdir: Path, log: Log = _stderr) -> dict[str, Any]:
+def cache_config(url: str, timeout: float = 10.0) -> tuple[int, int] | None:
+    """(block_size, num_gpu_blocks) from a vLLM's ``vllm:cache_config_info``, if it says."""
+    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout) as resp:
+        text = resp.read().decode()
+    line = next((ln for ln in text.splitlines() if ln.startswith("vllm:cache_config_info{")), "")
+    bs, blocks = re.search(r'block_size="(\d+)"', line), re.search(r'num_gpu_blocks="(\d+)"', line)
+    return (int(bs.group(1)), int(blocks.group(1))) if bs and blocks else None
+
+
+def bench(fleet: Replicas, cfg: BenchConfig, workdir: Path, log: Log = _stderr,
+          tokenizer: str | None = None) -> dict[str, Any]:
     """Run every policy of ``cfg`` on the same requests through a router in front of ``fleet``.
 
+    With ``tokenizer`` (the served model's directory) the results carry the one-cache ceiling
+    of the requests (`loadtest.ceiling`): rendered with the model's chat template and tokenised
+    with its tokenizer, one cache of all replicas' ``num_gpu_blocks`` (as each reports it).
+
     Returns the JSON-shaped results: ``{"setups": {name: summary}, "per_replica": {name: {...}},
-    "ttft": {name: [sorted seconds]}, "failed": {...}, ...}``.
+    "ttft": {name: [sorted seconds]}, "failed": {...}, "ceiling": {...}, ...}``.
     """
     requests = requests_for(cfg)
     meta = {"name": cfg.name, "requests": len(requests), "seed": cfg.seed,
@@ -161,6 +190,14 @@ def bench(fleet: Replicas, cfg: BenchConfig, workdir: Path, log: Log = _stderr) 
     out: dict[str, Any] = {"config": asdict(cfg), "workload": meta, "setups": {},
                            "per_replica": {}, "branches": {}, "ttft": {}, "failed": {},
                            "seconds": {}}
+    if tokenizer is not None:
+        found = cache_config(fleet.urls[0])
+        if found is not None:
+            bs, blocks = found
+            c = fleet_ceiling(requests, len(fleet.urls), blocks, bs, tokenizer).to_json()
+            out["ceiling"] = c
+            log(f"[{cfg.name}] one-cache ceiling ({c['num_blocks']} blocks of {bs}): hit "
+                f"{pct(c['hit_rate'])}")
     replicas = list(zip(fleet.names, fleet.urls, strict=True))
     for policy in cfg.policies:
         setup = Setup("router", policy)
@@ -206,36 +243,60 @@ def _per_replica_rows(block: Mapping[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _ceiling_lines(block: Mapping[str, Any]) -> list[str]:
+    c = block.get("ceiling")
+    if not c:
+        return []
+    ceiling = c.get("hit_rate")
+    q = next((s.get("query_tokens") for s in (block.get("setups") or {}).values()), None)
+    ratios = ", ".join(f"{name.removeprefix('router-')} {fmt(s['hit_rate'] / ceiling)}"
+                       for name, s in (block.get("setups") or {}).items()
+                       if isinstance(s.get("hit_rate"), float) and ceiling)
+    return [f"- One-cache ceiling (the same requests through one cache of {c.get('num_blocks')} "
+            f"blocks of {c.get('block_size')} tokens, both replicas' KV together, rendered and "
+            f"tokenised with the served model's template and tokenizer): {pct(ceiling)} "
+            f"({fmt(c.get('hit_tokens'), 0)} of {fmt(c.get('query_tokens'), 0)} prompt tokens; "
+            f"vLLM counted {fmt(q, 0)}). Hit rate ÷ ceiling: {ratios}."]
+
+
 def _commentary(block: Mapping[str, Any]) -> list[str]:
     setups = block.get("setups") or {}
-    ours, rr = setups.get("router-prefix"), setups.get("router-round_robin")
+    ours_name = f"router-{(block.get('config') or {}).get('policies', ['prefix'])[0]}"
+    ours, rr = setups.get(ours_name), setups.get("router-round_robin")
     if not ours or not rr:
-        return []
-    h, rh = ours.get("hit_rate"), rr.get("hit_rate")
-    lines = []
-    if isinstance(h, float) and isinstance(rh, float):
-        ratio = f", {h / rh:.2f}x" if rh else ""
-        lines.append(f"- Hit rate (vLLM's count): prefix {pct(h)} vs round-robin {pct(rh)} "
-                     f"({100 * (h - rh):+.1f} points{ratio}): {fmt(ours.get('hit_tokens'), 0)} "
-                     f"vs {fmt(rr.get('hit_tokens'), 0)} of {fmt(ours.get('query_tokens'), 0)} "
-                     "prompt tokens came from the cache.")
-    t, rt = ours.get("ttft") or {}, rr.get("ttft") or {}
-    lines.append(f"- TTFT p50 / p90 / p99: prefix {ms(t.get('p50'))} / {ms(t.get('p90'))} / "
-                 f"{ms(t.get('p99'))} ms, round-robin {ms(rt.get('p50'))} / {ms(rt.get('p90'))} "
-                 f"/ {ms(rt.get('p99'))} ms.")
-    per = (block.get("per_replica") or {}).get("router-prefix") or {}
+        return _ceiling_lines(block)
+    label = ours_name.removeprefix("router-")
+    lines = _ceiling_lines(block)
+    others = [("round-robin", rr)]
+    if ours_name != "router-prefix" and setups.get("router-prefix"):
+        others.append(("prefix", setups["router-prefix"]))
+    h = ours.get("hit_rate")
+    for other, o in others:
+        rh = o.get("hit_rate")
+        if isinstance(h, float) and isinstance(rh, float):
+            ratio = f", {h / rh:.2f}x" if rh else ""
+            lines.append(f"- Hit rate (vLLM's count): {label} {pct(h)} vs {other} {pct(rh)} "
+                         f"({100 * (h - rh):+.1f} points{ratio}): {fmt(ours.get('hit_tokens'), 0)}"
+                         f" vs {fmt(o.get('hit_tokens'), 0)} of "
+                         f"{fmt(ours.get('query_tokens'), 0)} prompt tokens came from the cache.")
+    t = ours.get("ttft") or {}
+    for other, o in others:
+        rt = o.get("ttft") or {}
+        lines.append(f"- TTFT p50 / p90 / p99: {label} {ms(t.get('p50'))} / {ms(t.get('p90'))} / "
+                     f"{ms(t.get('p99'))} ms, {other} {ms(rt.get('p50'))} / {ms(rt.get('p90'))} "
+                     f"/ {ms(rt.get('p99'))} ms.")
+    per = (block.get("per_replica") or {}).get(ours_name) or {}
     served = {n: r.get("requests") for n, r in per.items()
               if isinstance(r.get("requests"), int | float)}
     busiest = max(served, key=lambda n: served[n]) if served else None
-    lines.append(f"- Load max/mean: prefix {fmt(ours.get('load_max_over_mean'))}, round-robin "
+    lines.append(f"- Load max/mean: {label} {fmt(ours.get('load_max_over_mean'))}, round-robin "
                  f"{fmt(rr.get('load_max_over_mean'))}"
-                 + (f"; under prefix {busiest} served {fmt(served[busiest], 0)} of "
-                    f"{fmt(sum(served.values()), 0)} requests (the homes of the busiest prompts)"
-                    if busiest else "") + ".")
-    p99, rp99 = t.get("p99"), rt.get("p99")
+                 + (f"; under {label} {busiest} served {fmt(served[busiest], 0)} of "
+                    f"{fmt(sum(served.values()), 0)} requests" if busiest else "") + ".")
+    p99, rp99 = t.get("p99"), (rr.get("ttft") or {}).get("p99")
     if isinstance(p99, float) and isinstance(rp99, float) and p99 > rp99:
-        lines.append("- Prefix's TTFT p99 is above round-robin's: its busier replica serves "
-                     "most requests, so its slowest ones wait behind other requests' prefills "
+        lines.append(f"- {label}'s TTFT p99 is above round-robin's: its busier replica serves "
+                     "more requests, so its slowest ones wait behind other requests' prefills "
                      "(and the p99 of 48 requests is the noisiest number here).")
     return lines
 
@@ -378,7 +439,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=None, help="requests per setup (override)")
     p.add_argument("--rate", type=float, default=None, help="open loop req/s (override)")
     p.add_argument("--policy", action="append", default=None,
-                   help=f"repeatable (default: {' '.join(BenchConfig().policies)})")
+                   help="repeatable (default: every router policy, the default first: "
+                        f"{' '.join(BenchConfig().policies)})")
     p.add_argument("--kv-cache-memory", default=KV_CACHE_MEMORY)
     p.add_argument("--url", action="append", default=None,
                    help="use running replicas (started with VLLM_SERVER_DEV_MODE=1) instead")
@@ -411,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         if args.url:
             fleet_info["kv_cache_memory"] = "(replicas given by --url)"
-            blocks = _run_all(_External(args.url), runs, work)
+            blocks = _run_all(_External(args.url), runs, work, str(env.model_dir))
         else:
             fleet = VllmFleet(2, env.model_dir, 32, venv=env.venv, served_model_name=MODEL,
                               kv_cache_memory=args.kv_cache_memory,
@@ -422,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
                 fleet_info.update(startup_seconds=fleet.startup_seconds,
                                   kv_cache_memory=args.kv_cache_memory,
                                   kv_tokens=_kv_tokens(args.kv_cache_memory))
-                blocks = _run_all(fleet, runs, work)
+                blocks = _run_all(fleet, runs, work, str(env.model_dir))
     for block, cfg in zip(blocks, runs, strict=True):
         block["prompt_tokens"] = _prompt_tokens(cfg, env.model_dir)
     data = {"runs": blocks, "machine": machine_info(), "fleet": fleet_info,
@@ -435,9 +497,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(b["setups"] and not b["failed"] for b in blocks) else 1
 
 
-def _run_all(fleet: Replicas, runs: Sequence[BenchConfig], work: Path) -> list[dict[str, Any]]:
+def _run_all(fleet: Replicas, runs: Sequence[BenchConfig], work: Path,
+             tokenizer: str | None) -> list[dict[str, Any]]:
     _warm_up(fleet)
-    return [bench(fleet, cfg, work / f"run{i}") for i, cfg in enumerate(runs)]
+    return [bench(fleet, cfg, work / f"run{i}", tokenizer=tokenizer)
+            for i, cfg in enumerate(runs)]
 
 
 if __name__ == "__main__":

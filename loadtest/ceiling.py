@@ -78,16 +78,19 @@ def fits(prompt_tokens: int, max_tokens: int, kv_blocks: int | None, block_size:
 
 
 def request_prompts(requests: Iterable[Any], block_size: int = 16,
-                    kv_blocks: int | None = None) -> Iterator[Prompt]:
+                    kv_blocks: int | None = None,
+                    tokenizer: str | None = None) -> Iterator[Prompt]:
     """(hashes, tokens) of load-test requests (`loadtest.workloads.Request`: ``path`` and
-    ``body``) in arrival order, as the simulated replica with its default template and tokeniser
-    computes them; those one replica of ``kv_blocks`` would refuse are left out."""
+    ``body``) in arrival order, as the simulated replica computes them - with its default
+    template and tokeniser, or with a model's ``tokenizer`` (a ``tokenizer.json`` or its
+    directory, and the chat template of its ``tokenizer_config.json``: a real vLLM's prompts);
+    those one replica of ``kv_blocks`` would refuse are left out."""
     from loadtest.replica import openai_api
-    from loadtest.replica.prompts import Prompter
-    from templates_audit.render import ChatRenderer
-    from templates_audit.tokenize import default_tokenizer
+    from loadtest.replica.prompts import Prompter, renderer_for
+    from templates_audit.tokenize import load_tokenizer
 
-    prompter = Prompter(ChatRenderer(), default_tokenizer(), block_size)
+    tok = load_tokenizer(tokenizer)
+    prompter = Prompter(renderer_for(tok), tok, block_size)
     for r in sorted(requests, key=lambda r: r.at):
         parse = (openai_api.parse_completion if r.path.endswith("/completions")
                  and "chat" not in r.path else openai_api.parse_chat)
@@ -98,7 +101,7 @@ def request_prompts(requests: Iterable[Any], block_size: int = 16,
 
 
 def fleet_ceiling(requests: Sequence[Any], replicas: int, kv_blocks: int,
-                  block_size: int = 16) -> Ceiling:
+                  block_size: int = 16, tokenizer: str | None = None) -> Ceiling:
     """The ceiling of ``requests`` on a fleet of ``replicas`` x ``kv_blocks`` blocks."""
-    return replay(request_prompts(requests, block_size, kv_blocks), replicas * kv_blocks,
-                  block_size)
+    return replay(request_prompts(requests, block_size, kv_blocks, tokenizer),
+                  replicas * kv_blocks, block_size)

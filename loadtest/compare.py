@@ -149,10 +149,10 @@ def _branches_or_empty(url: str) -> dict[str, int]:
 
 def run_setup(setup: Setup, requests: Sequence[Request], plan: Plan, fleet_params: FleetParams,
               workdir: Path, tokenizer_dir: Path,
-              workload_meta: dict[str, Any]) -> tuple[RunResult, dict[str, int]]:
+              workload_meta: dict[str, Any]) -> tuple[RunResult, list[dict[str, int]]]:
     """One cold fleet, one setup, one run; everything it started is stopped before it returns.
-    Also returns the router's branch counts (empty for other setups): the router starts fresh,
-    so its counters are this run's decisions."""
+    Also returns each router process's branch counts (none for other setups): the routers start
+    fresh, so their counters are this run's decisions."""
     fleet = Fleet(replicas=fleet_params.replicas, model_path=str(tokenizer_dir),
                   log_dir=str(workdir / "fleet"), **fleet_params.replica_options())
     fleet.start()
@@ -162,8 +162,9 @@ def run_setup(setup: Setup, requests: Sequence[Request], plan: Plan, fleet_param
             p = replace(plan, target=launched.url, prefix_hash_header=setup.prefix_hash_header,
                         replica_urls=tuple(fleet.urls), progress_label=setup.name)
             result = run(p, requests, workload_meta)
-            branches = _branches_or_empty(launched.url) if setup.kind == "router" else {}
-            return result, branches
+            if setup.kind != "router":
+                return result, []
+            return result, [_branches_or_empty(u) for u in launched.urls]
     finally:
         fleet.stop()
 
@@ -203,8 +204,14 @@ def compare(workloads: dict[str, tuple[list[Request], dict[str, Any]]], setups: 
                 continue
             data = result.to_json(outcomes=keep_outcomes)
             s = data["summary"]
-            if branches:
-                s["router_branches"] = branches
+            if any(branches):
+                total: dict[str, int] = {}
+                for per in branches:
+                    for b, n in per.items():
+                        total[b] = total.get(b, 0) + n
+                s["router_branches"] = dict(sorted(total.items()))
+            if len(branches) > 1:  # requests each router process decided (the splitter's spread)
+                s["router_processes"] = [sum(per.values()) for per in branches]
             block["setups"][setup.name] = s
             block["ttft"][setup.name] = sorted(o.ttft for o in result.outcomes
                                                if o.ok and o.ttft is not None)

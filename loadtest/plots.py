@@ -20,11 +20,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # after use("Agg"): the backend must be chosen first
 
+from loadtest.report import slug
+
 __all__ = ["compare_plots", "simulate_plot"]
-
-
-def _slug(name: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in name).strip("-")
 
 
 def _ttft_cdf(ax: Any, ttft: Mapping[str, Sequence[float]]) -> None:
@@ -83,7 +81,7 @@ def compare_plots(results: Mapping[str, Any], out_dir: Path, prefix: str = "comp
         _load(axes[2], setups)
         fig.suptitle(f"{wl}: {len(setups)} setups, same requests, cold fleet each")
         fig.tight_layout()
-        path = out_dir / f"{prefix}-{_slug(wl)}.png"
+        path = out_dir / f"{prefix}-{slug(wl)}.png"
         fig.savefig(path, dpi=90)
         plt.close(fig)
         paths.append(path)

@@ -70,8 +70,18 @@ __all__ = [
     "workload_spec",
 ]
 
-DEFAULT_TRACE = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
-                    / "conversation_trace.jsonl")
+def _default_trace() -> str:
+    """``../shared/data/traces/conversation_trace.jsonl`` next to the checkout, or next to one of
+    its parents (a git worktree under a directory beside the shared data)."""
+    root = Path(__file__).resolve().parents[1]
+    rel = Path("shared") / "data" / "traces" / "conversation_trace.jsonl"
+    for d in root.parents:
+        if (d / rel).is_file():
+            return str(d / rel)
+    return str(root.parent / rel)
+
+
+DEFAULT_TRACE = _default_trace()
 _REQUEST_COUNTERS = ("sim:requests_total", "vllm:request_success_total")
 
 
@@ -233,13 +243,18 @@ def scale_arrivals(requests: Sequence[Request], rate: float) -> list[Request]:
 
 
 def prefix_hash_headers(requests: Sequence[Request], header: str) -> list[dict[str, str]]:
-    """The ``header: router.client.hash_key(body)`` each request carries (nginx deployments)."""
-    from router.client import hash_key
+    """The ``header: router.client.hash_key(body)`` each request carries (nginx deployments),
+    and ``X-Model`` (an nginx config with one upstream per model picks it by that header)."""
+    from router.client import MODEL_HEADER, hash_key
 
     out = []
     for r in requests:
         key = hash_key(r.body, r.path)
-        out.append({header: key} if key is not None else {})
+        headers = {header: key} if key is not None else {}
+        model = r.body.get("model")
+        if isinstance(model, str) and model:
+            headers[MODEL_HEADER] = model
+        out.append(headers)
     return out
 
 
@@ -411,6 +426,8 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-history-tokens", type=int, default=8000,
                    help="agent: a conversation's last prompt is drawn in this range")
     g.add_argument("--max-history-tokens", type=int, default=20000)
+    g.add_argument("--user-tokens", type=int, default=0,
+                   help="shared-prefix, multi-turn, hot-prefix: pasted text after each question")
 
 
 def workload_spec(args: argparse.Namespace, name: str, requests: int, rate: float,
@@ -423,7 +440,8 @@ def workload_spec(args: argparse.Namespace, name: str, requests: int, rate: floa
                         max_output_tokens=args.max_output_tokens, documents=args.documents,
                         min_doc_tokens=args.min_doc_tokens, max_doc_tokens=args.max_doc_tokens,
                         min_history_tokens=args.min_history_tokens,
-                        max_history_tokens=args.max_history_tokens)
+                        max_history_tokens=args.max_history_tokens,
+                        user_tokens=args.user_tokens)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -18,6 +18,14 @@ the PID it started, waits, then SIGKILLs. Every listener binds 127.0.0.1 only.
 * ``direct``: no router, the first replica (overhead baseline).
 * ``passthrough``: `loadtest.passthrough` in front of the first replica - uvicorn + aiohttp with
   no routing, the floor of the router's own stack; ready when ``GET /health`` passes through.
+* ``<setup>-x<N>`` (``router-cache_aware-x2``, ``sglang-cache_aware-x2``): N independent
+  processes of that router (each with its own state: index, tree, affinities), every one
+  ready as above, behind `loadtest.splitter` - a round-robin TCP splitter that hands each
+  connection to the next process, as a Kubernetes Service does with router pods. ``-x1`` is one
+  process behind the splitter (what the hop itself costs).
+
+Any router policy name is passed through to ``routing.policy``; the router rejects one it does
+not know (the setup then fails to start, naming it).
 
 The Rust routers log every request at INFO; they run with ``--log-level warn`` and
 ``RUST_LOG=warn`` and their output goes to a log file in ``workdir``. Process CPU time
@@ -31,6 +39,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -56,6 +65,7 @@ __all__ = [
 
 KEY_HEADER = "X-Prefix-Hash"
 KINDS = ("router", "nginx", "sglang", "vllm", "direct", "passthrough")
+SPLIT_KINDS = ("router", "sglang", "vllm")  # may run as several processes behind the splitter
 Replica = tuple[str, str]  # (name, url)
 
 
@@ -67,14 +77,27 @@ class SetupError(RuntimeError):
 class Setup:
     kind: str
     policy: str = ""
+    processes: int | None = None  # N processes behind the splitter; None: one, no splitter
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"setup kind: expected one of {KINDS}, got {self.kind!r}")
+        if self.processes is not None:
+            if self.kind not in SPLIT_KINDS:
+                raise ValueError(f"setup {self.kind}: only {', '.join(SPLIT_KINDS)} run as "
+                                 "several processes")
+            if self.processes < 1:
+                raise ValueError(f"setup processes: expected >= 1, got {self.processes}")
 
     @property
     def name(self) -> str:
-        return f"{self.kind}-{self.policy}" if self.policy else self.kind
+        base = f"{self.kind}-{self.policy}" if self.policy else self.kind
+        return base if self.processes is None else f"{base}-x{self.processes}"
+
+    @property
+    def single(self) -> Setup:
+        """One process of this setup, without the splitter."""
+        return Setup(self.kind, self.policy)
 
     @property
     def prefix_hash_header(self) -> str | None:
@@ -91,10 +114,17 @@ class Setup:
         return None
 
 
+_PROCESSES = re.compile(r"-x(\d+)$")
+
+
 def parse_setup(text: str) -> Setup:
-    """``router-prefix`` / ``nginx`` / ``sglang-cache_aware`` / ``vllm-consistent_hash``."""
+    """``router-prefix`` / ``nginx`` / ``sglang-cache_aware`` / ``vllm-consistent_hash``;
+    a ``-x<N>`` suffix: N processes behind the splitter (``router-cache_aware-x2``)."""
+    processes = None
+    if m := _PROCESSES.search(text):
+        processes, text = int(m.group(1)), text[: m.start()]
     kind, _, policy = text.partition("-")
-    return Setup(kind, policy)
+    return Setup(kind, policy, processes)
 
 
 def _nginx_binary() -> str | None:
@@ -105,9 +135,16 @@ def _nginx_binary() -> str | None:
 # -- process handle --------------------------------------------------------------------------------
 class Launched:
     def __init__(self, setup: Setup, url: str, proc: subprocess.Popen[bytes] | None,
-                 log: Path | None, *, pid: int | None = None) -> None:
+                 log: Path | None, *, pid: int | None = None,
+                 parts: Sequence[Launched] = ()) -> None:
         self.setup, self.url, self.proc, self.log = setup, url, proc, log
         self._pid = pid   # a process this setup did not start (direct: the replica itself)
+        self.parts = list(parts)  # the router processes behind a splitter (proc)
+
+    @property
+    def urls(self) -> list[str]:
+        """Each router process's own URL (its /metrics): the parts', else this one's."""
+        return [p.url for p in self.parts] or [self.url]
 
     @property
     def pid(self) -> int | None:
@@ -124,15 +161,16 @@ class Launched:
 
     def stop(self, grace: float = 5.0) -> None:
         p = self.proc
-        if p is None or p.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=5)
+        if p is not None and p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5)
+        for part in self.parts:
+            part.stop(grace)
 
     def __enter__(self) -> Launched:
         return self
@@ -303,6 +341,8 @@ def _launch_once(setup: Setup, replicas: Sequence[Replica], workdir: Path,
     if reason:
         raise SetupError(f"{setup.name}: {reason}")
     workdir.mkdir(parents=True, exist_ok=True)
+    if setup.processes is not None:
+        return _launch_split(setup, replicas, workdir, port)
     if setup.kind == "direct":
         return Launched(setup, replicas[0][1], None, None)
     port = port or free_port()
@@ -322,6 +362,29 @@ def _launch_passthrough(setup: Setup, replicas: Sequence[Replica], port: int,
                    "--port", str(port)], log)
     launched = Launched(setup, f"http://127.0.0.1:{port}", proc, log)
     _wait(launched, lambda: http_ok(f"{launched.url}/health"), 30.0)
+    return launched
+
+
+def _launch_split(setup: Setup, replicas: Sequence[Replica], workdir: Path,
+                  port: int | None) -> Launched:
+    """``setup.processes`` independent processes of ``setup.single``, then the splitter."""
+    assert setup.processes is not None
+    parts: list[Launched] = []
+    try:
+        for i in range(setup.processes):
+            parts.append(launch(setup.single, replicas, workdir / f"{setup.name}-{i}"))
+        port = port or free_port()
+        log = workdir / f"{setup.name}-splitter.log"
+        argv = [sys.executable, "-m", "loadtest.splitter", "--port", str(port)]
+        for p in parts:
+            argv += ["--upstream", p.url.removeprefix("http://")]
+        launched = Launched(setup, f"http://127.0.0.1:{port}", _spawn(argv, log), log,
+                            parts=parts)
+        _wait(launched, lambda: "ready" in launched.tail(), 15.0)
+    except BaseException:
+        for p in parts:
+            p.stop()
+        raise
     return launched
 
 

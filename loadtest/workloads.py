@@ -6,6 +6,9 @@ requests, so several setups (router policies, nginx, sglang-router) can be fed t
 Workloads (names are CLI values):
 
 * ``shared-prefix`` — P system prompts of 1-4k tokens with Zipf popularity, short user turns.
+
+  In shared-prefix, multi-turn and hot-prefix a user turn is a short question, followed by
+  ``user_tokens`` tokens of pasted text (new to the cache, so it costs prefill) when that is > 0.
 * ``multi-turn`` — conversations that grow turn by turn; each turn resends the whole history, as
   chat clients do, so turn k+1 shares turn k's prompt as its prefix.
 * ``hot-prefix`` — multi-turn conversations where one system prompt carries 80% of the traffic:
@@ -152,6 +155,7 @@ class WorkloadSpec:
     max_doc_tokens: int = 800
     min_history_tokens: int = 8000  # agent: a conversation's last prompt, drawn in this range
     max_history_tokens: int = 20000
+    user_tokens: int = 0  # shared-prefix, multi-turn, hot-prefix: pasted text after each question
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -199,6 +203,14 @@ def _question(rng: random.Random) -> str:
     return f"{rng.choice(_QUESTIONS)}? (ref {rng.randint(1000, 9999)})"
 
 
+def _user_turn(spec: WorkloadSpec, rng: random.Random) -> str:
+    """A question, followed by ``spec.user_tokens`` tokens of pasted text when that is > 0."""
+    q = _question(rng)
+    if spec.user_tokens <= 0:
+        return q
+    return f"{q}\n{synthetic_text(rng, _words(spec.user_tokens))}"
+
+
 def shared_prefix(spec: WorkloadSpec) -> Iterator[Request]:
     rng = random.Random(spec.seed)
     prompts = _system_prompts(spec, rng)
@@ -206,7 +218,8 @@ def shared_prefix(spec: WorkloadSpec) -> Iterator[Request]:
     times = _poisson_times(rng, spec.requests, spec.rate)
     for i in range(spec.requests):
         p = rng.choices(range(len(prompts)), weights)[0]
-        msgs = [{"role": "system", "content": prompts[p]}, {"role": "user", "content": _question(rng)}]
+        msgs = [{"role": "system", "content": prompts[p]},
+                {"role": "user", "content": _user_turn(spec, rng)}]
         yield Request(i, times[i], CHAT, _body(spec, msgs), group=f"p{p}")
 
 
@@ -256,7 +269,7 @@ def _conversations(spec: WorkloadSpec, hot: bool) -> Iterator[Request]:
     for i, (t, c, k) in enumerate(events):
         msgs = history.setdefault(c, [{"role": "system", "content": prompts[conv_prompt[c]]}])
         r = conv_rng[c]
-        msgs.append({"role": "user", "content": _question(r)})
+        msgs.append({"role": "user", "content": _user_turn(spec, r)})
         body = _body(spec, [dict(m) for m in msgs], user=f"conv-{spec.seed}-{c}")
         yield Request(i, t, CHAT, body, group=f"p{conv_prompt[c]}", conversation=f"conv-{c}", turn=k)
         msgs.append({"role": "assistant", "content": synthetic_text(r, spec.max_tokens // 2 + 4)})

@@ -33,10 +33,22 @@ import xxhash
 
 from templates_audit.blocks import block_hashes
 from templates_audit.render import ChatRenderer
-from templates_audit.tokenize import DefaultTokenizer, Tokenizer
+from templates_audit.tokenize import DefaultTokenizer, HFTokenizer, Tokenizer
 
 from .openai_api import Job, Kind
 from .text import REPLY_VOCABULARY, completion_pieces, prompt_seed
+
+
+def renderer_for(tokenizer: Tokenizer, chat_template: str | None = None) -> ChatRenderer:
+    """The chat template a replica renders with: the ``chat_template`` file, else the one in the
+    tokenizer's ``tokenizer_config.json``, else the built-in ChatML."""
+    if chat_template:
+        return ChatRenderer.from_file(chat_template)
+    if isinstance(tokenizer, HFTokenizer):
+        source = tokenizer.chat_template()
+        if source:
+            return ChatRenderer(source)
+    return ChatRenderer()
 
 
 class Reply(NamedTuple):

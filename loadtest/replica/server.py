@@ -23,8 +23,8 @@ from typing import Any, NamedTuple, Protocol
 
 from prefix_asgi import serve_lifespan
 from templates_audit.blocks import block_hashes
-from templates_audit.render import ChatRenderer, TemplateError
-from templates_audit.tokenize import HFTokenizer, Tokenizer, load_tokenizer
+from templates_audit.render import TemplateError
+from templates_audit.tokenize import load_tokenizer
 
 from . import admin, openai_api
 from .asgi import (
@@ -47,7 +47,7 @@ from .engine import Engine, EngineLimits, EngineRequest, RequestHandle, Usage
 from .faults import Action, Faults, FaultSpec
 from .metrics import CONTENT_TYPE, CacheConfig, LoraConfig, ReplicaMetrics, Snapshot
 from .openai_api import ApiError, Envelope, Job, Kind
-from .prompts import Prompter
+from .prompts import Prompter, renderer_for
 from .timing import TimingModel
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -73,16 +73,6 @@ def fault_spec_of(cfg: ReplicaConfig) -> FaultSpec:
                      stop_after=cfg.fault_stop_after, exit_after=cfg.fault_exit_after)
 
 
-def _renderer(cfg: ReplicaConfig, tokenizer: Tokenizer) -> ChatRenderer:
-    if cfg.chat_template:
-        return ChatRenderer.from_file(cfg.chat_template)
-    if isinstance(tokenizer, HFTokenizer):
-        source = tokenizer.chat_template()
-        if source:
-            return ChatRenderer(source)
-    return ChatRenderer()
-
-
 class Replica:
     """State of one replica (engine, metrics, faults, counters) and its ASGI entry point."""
 
@@ -92,7 +82,7 @@ class Replica:
         self.listener = listener
         self.exit_process = exit_process
         self.tokenizer = load_tokenizer(config.tokenizer)
-        self.renderer = _renderer(config, self.tokenizer)
+        self.renderer = renderer_for(self.tokenizer, config.chat_template)
         self.prompter = Prompter(self.renderer, self.tokenizer, config.block_size)
         self.metrics = ReplicaMetrics(
             config.model, self.snapshot,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.compare import FleetParams, compare
-from loadtest.runner import Plan
+from loadtest.compare import FleetParams, compare, scrape_branches
+from loadtest.runner import Plan, run
 from loadtest.setups import Setup, parse_setup
 from loadtest.workloads import WorkloadSpec, generate
 
@@ -125,3 +125,34 @@ def test_bench_mooncake_slice_keeps_whole_conversations(tmp_path: Path) -> None:
     out = mooncake_slice(trace, tmp_path / "s.jsonl", requests=4, max_input_tokens=2000)
     got = [json.loads(line)["timestamp"] for line in out.read_text().splitlines()]
     assert got == [0, 3, 5, 6]
+
+
+def test_parse_setup_with_processes() -> None:
+    s = parse_setup("router-cache_aware-x2")
+    assert (s.kind, s.policy, s.processes, s.name) == ("router", "cache_aware", 2,
+                                                       "router-cache_aware-x2")
+    assert s.single == Setup("router", "cache_aware") and s.single.name == "router-cache_aware"
+    assert parse_setup("sglang-cache_aware-x1").name == "sglang-cache_aware-x1"
+    assert parse_setup("router-least_loaded").processes is None
+    for bad in ("nginx-x2", "router-prefix-x0"):
+        with pytest.raises(ValueError):
+            parse_setup(bad)
+
+
+@pytest.mark.slow
+def test_router_processes_behind_the_splitter_share_the_traffic(tmp_path: Path) -> None:
+    from loadtest.fleet import Fleet
+    from loadtest.setups import launch
+
+    with Fleet(replicas=2, instant=True) as fleet:
+        replicas = list(zip(fleet.names, fleet.urls, strict=True))
+        with launch(parse_setup("router-round_robin-x2"), replicas, tmp_path) as split:
+            assert len(split.urls) == 2 and split.url not in split.urls
+            reqs = generate(_spec(0))[:20]
+            res = run(Plan(split.url, concurrency=4, max_requests=20, max_time=60.0,
+                           replica_urls=tuple(fleet.urls)), reqs)
+            decided = [sum(scrape_branches(u).values()) for u in split.urls]
+        assert res.summary()["ok"] == 20
+        assert sum(decided) == 20 and min(decided) >= 1  # both processes routed some
+        # stop() stopped every process it started: the splitter and both routers
+        assert [p.proc.poll() is not None for p in (split, *split.parts) if p.proc] == [True] * 3

@@ -9,11 +9,10 @@ from typing import Any
 
 import pytest
 
+from loadtest.bench_doc import benchmarks_markdown
 from loadtest.client import ErrorKind, Outcome
 from loadtest.report import (
-    benchmarks_markdown,
     compare_markdown,
-    compare_targets,
     fmt,
     ms,
     one_replica_setups,
@@ -21,7 +20,6 @@ from loadtest.report import (
     overhead_targets_markdown,
     run_markdown,
     table,
-    targets_markdown,
 )
 from loadtest.runner import RunResult, summarize_run
 
@@ -133,13 +131,7 @@ def test_compare_markdown_shows_the_ceiling_and_each_setup_against_it() -> None:
     assert "one cache of 1536 blocks, the fleet's total): hit rate 95.0%" in md
 
 
-def test_targets() -> None:
-    rows = compare_targets(_compare_results())
-    assert rows == [{"workload": "shared-prefix", "hit_rate": 0.9, "load": 1.2,
-                     "sglang_hit_rate": 0.85, "ttft_p99_ratio": pytest.approx(0.4 / 0.6),
-                     "hit_vs_round_robin": pytest.approx(2.25)}]
-    md = targets_markdown(rows)
-    assert "90.0% vs 85.0%: met" in md and "0.67: met" in md and "2.25x: met" in md
+def test_one_replica_setups() -> None:
     assert one_replica_setups(_compare_results()) == [("shared-prefix", "vllm-consistent_hash", 2)]
 
 
@@ -181,3 +173,30 @@ def test_benchmarks_markdown_shows_the_capacity_cells(tmp_path: Path) -> None:
     assert "| ≥ 3 | 3.20 | met |" in md
     without = benchmarks_markdown({"machine": {}, "overhead": {**oh, "capacity": []}}, {}, tmp_path)
     assert "Capacity cells" not in without and "| ≥ 3 | 3.20 | met |" in without
+
+
+def test_benchmarks_markdown_processes_and_simulation(tmp_path: Path) -> None:
+    def s(hit: float, p99: float, per: list[int] | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"hit_rate": hit, "ttft": {"p50": 0.02, "p99": p99},
+                               "load_max_over_mean": 1.1}
+        if per:
+            out["router_processes"] = per
+        return out
+
+    cmp_ = {"ours": "router-cache_aware", "workloads": {"agent, 8 replicas": {
+        "workload": {"name": "agent"}, "fleet": {"replicas": 8}, "ceiling": {"hit_rate": 0.9},
+        "setups": {"router-cache_aware": s(0.81, 0.5), "router-cache_aware-x2": s(0.72, 0.7, [9, 11]),
+                   "sglang-cache_aware": s(0.8, 0.6), "sglang-cache_aware-x2": s(0.7, 0.9)}}}}
+    sim = {"workloads": [{"workload": {"name": "rag", "replicas": 64}, "results": [
+        {"config": {"policy": "cache_aware"}, "requests": 10, "hit_rate": 0.6,
+         "ceiling": {"hit_rate": 0.62}, "ttft": {"p50": 0.1, "p99": 0.9},
+         "load_max_over_mean": 1.2, "wall_seconds": 1.0}]}]}
+    md = benchmarks_markdown({"machine": {}, "compare": cmp_, "simulate": sim}, {}, tmp_path)
+    assert "### Targets: `router-cache_aware` (the default policy)" in md
+    assert "## Several router processes" in md
+    assert "| agent, 8 replicas | `router-cache_aware` | 1 (no splitter) | 81.0% | 0.90 |" in md
+    assert "| `router-cache_aware` | 2 | 72.0% | 0.80 | 20 | 700 | 1.10 | 9 / 11 |" in md
+    assert "| `sglang-cache_aware` | 2 | 70.0% |" in md
+    assert "## Fleet scale: discrete-event simulation, 64 replicas" in md
+    assert "| cache_aware | 10 | 60.0% | 0.97 | 100 | 900 | 1.20 | 0 | 1.0 |" in md
+    assert "| rag | cache_aware | 60.0% | 62.0% | 0.97 | 1.20 | met |" in md

@@ -17,17 +17,17 @@ from pathlib import Path
 import pytest
 
 from loadtest.bench_vllm import BenchConfig, bench, render
-from loadtest.vllm_fleet import VllmFleet
+from loadtest.vllm_fleet import VllmEnv, VllmFleet
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 SETUPS = ("router-prefix", "router-round_robin")
 
 
-def test_bench_vllm_tiny_run(fleet: VllmFleet, tmp_path: Path) -> None:
+def test_bench_vllm_tiny_run(fleet: VllmFleet, vllm_env: VllmEnv, tmp_path: Path) -> None:
     cfg = BenchConfig(requests=12, rate=None, concurrency=1, prompts=3, max_tokens=4,
                       policies=("prefix", "round_robin"))
-    data = bench(fleet, cfg, tmp_path)
+    data = bench(fleet, cfg, tmp_path, tokenizer=str(vllm_env.model_dir))
     prefix, rr = (data["setups"][name] for name in SETUPS)
     print(f"\nbench_vllm tiny: prefix hit {prefix['hit_rate']:.3f} ({prefix['hit_tokens']:.0f} "
           f"of {prefix['query_tokens']:.0f}), round-robin {rr['hit_rate']:.3f} "
@@ -57,6 +57,12 @@ def test_bench_vllm_tiny_run(fleet: VllmFleet, tmp_path: Path) -> None:
     assert prefix["query_tokens"] == rr["query_tokens"] > 0
     assert prefix["hit_tokens"] > 0
     assert prefix["hit_rate"] >= rr["hit_rate"]
+    # the ceiling renders and tokenises as vLLM does: the same prompt tokens, and one cache of
+    # both replicas' blocks that holds every prompt hits at least what either policy did
+    ceiling = data["ceiling"]
+    assert ceiling["query_tokens"] == prefix["query_tokens"]
+    assert ceiling["block_size"] == 32 and ceiling["requests"] == 12
+    assert ceiling["hit_rate"] >= prefix["hit_rate"]
 
     doc = render({"runs": [data], "machine": {"date": "today"}, "fleet": {"kv_cache_memory": "64M"}})
     assert "| router-prefix |" in doc and "| router-round_robin |" in doc
