@@ -244,8 +244,11 @@ def read_answer(sock: socket.socket) -> tuple[int, bytes]:
 def test_body_deadline_and_rate(counting_upstream: ThreadedServer,
                                 start_router: Callable[..., RouterProcess],
                                 measure: Callable[..., None]) -> None:
-    router = limited_router(start_router, [counting_upstream.url], ["count"],
-                            body_timeout=BODY_TIMEOUT, body_min_rate=MIN_RATE)
+    router = start_router(router_config(
+        [counting_upstream.url], ["count"], limits={"body_timeout": BODY_TIMEOUT,
+                                                    "body_min_rate": MIN_RATE},
+        admin={"host": "127.0.0.1", "port": free_port()},
+        logging={"level": "info", "access_log": True}))
     # a trickle: 100,000 bytes declared, one a tenth of a second
     with socket.create_connection(("127.0.0.1", router.port), timeout=15) as s:
         s.sendall(request("POST", "/v1/chat/completions", content_length=b"100000"))
@@ -284,6 +287,13 @@ def test_body_deadline_and_rate(counting_upstream: ThreadedServer,
     assert big_status == 200 and json.loads(big_body) == {"received": len(big)}
     assert upload_s > BODY_TIMEOUT   # the rate, not a fixed deadline, let it through
     assert metric(samples, "prefix_router_rejected_total", reason="body_timeout") == 1
+    router.stop()   # flushes the access log
+    lines = [json.loads(line) for line in router.output().splitlines() if line.startswith("{")]
+    # one line per request: the trickle's names its limit (the app wrote no 499 of its own)
+    assert [(ln["status"], ln.get("limit")) for ln in lines] == [
+        (408, "limits.body_timeout"), (200, None)]
+    # (the byte sent in the round whose read brought the 408 may have come after the expiry)
+    assert lines[0]["path"] == "/v1/chat/completions" and sent - 1 <= lines[0]["bytes_in"] <= sent
 
 
 # -- heads -----------------------------------------------------------------------------------
