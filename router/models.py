@@ -2,9 +2,10 @@
 
 Membership. Each replica's `ReplicaState.models` is the set of names it serves (base models and
 LoRA adapters) or ``None`` while unknown; `ReplicaState.parents` maps an adapter to its base
-model. The set comes from ``replicas[].models`` (static config) or the Kubernetes model label,
-and is then authoritative; otherwise it is learned from the replica's ``GET /v1/models`` with
-the health probes (`served_models`: vLLM lists an adapter with ``parent`` set to its base).
+model. The set comes from ``replicas[].models`` (static config) or the Kubernetes model label -
+then those names are always served and ``/v1/models`` adds only adapters whose parent is one of
+them - or else it is learned from the replica's ``GET /v1/models`` with the health probes
+(`served_models`: vLLM lists an adapter with ``parent`` set to its base).
 
 Pool (`select_pool`, the first routing stage: everything after it - key, bounded-load cap,
 index, retries, fallback - sees only the pool's replicas). With the *catalog* the union of the
@@ -14,9 +15,9 @@ known lists:
   replica is in the pool (status ``blind``);
 - a request without a string ``model``: every replica whose list is known, each serves its
   default model as vLLM does (``blind``);
-- ``model`` in the catalog: the replicas that list it, plus - when the catalog has a single base
-  model and ``model`` is that base - the replicas whose list is still unknown ("unless the fleet
-  has a single model"). None of them available -> ``down`` (503 with Retry-After);
+- ``model`` in the catalog: the replicas that list it, plus - when the known lists have a single
+  base model and ``model`` is that base - the replicas whose list is still unknown ("unless the
+  fleet has a single model"). None of them available -> ``down`` (503 with Retry-After);
 - ``model`` not in the catalog: ``pending`` (503) while an available replica's list is unknown
   in a multi-model fleet (it may serve it), else ``not_found`` (404 ``model_not_found``).
 
@@ -53,7 +54,6 @@ __all__ = [
     "ServedModels",
     "catalog",
     "lora_affinity",
-    "model_label",
     "select_pool",
     "served_models",
 ]
@@ -81,7 +81,8 @@ def served_models(listing: Any) -> ServedModels | None:
     """The model set of a ``/v1/models`` answer (``None`` when it is not a model list).
 
     Entries without a string ``id`` are skipped; ``parent`` (vLLM: the base model of a LoRA
-    adapter) is kept when it is a string naming another entry's id or any string at all."""
+    adapter, ``null`` for a base model) is kept when it is a non-empty string other than the
+    entry's own id."""
     data = listing.get("data") if isinstance(listing, Mapping) else None
     if not isinstance(data, list):
         return None
@@ -121,14 +122,6 @@ class Pool:
     members: tuple[ReplicaState, ...]  # the pool's replicas, available or not
     label: str  # the ``model`` metric label
     adapter: bool = False  # the model is a LoRA adapter of some replica
-
-    @property
-    def routable(self) -> bool:
-        return self.status in (PoolStatus.OK, PoolStatus.BLIND)
-
-
-def model_label(model: object, names: frozenset[str]) -> str:
-    return model if isinstance(model, str) and model in names else UNKNOWN
 
 
 def select_pool(model: object, states: Sequence[ReplicaState]) -> Pool:
