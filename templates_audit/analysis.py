@@ -37,7 +37,7 @@ import datetime as dt
 import functools
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from templates_audit.blocks import (
@@ -111,6 +111,7 @@ class Auditor:
         self.observed = Replay(PrefixCache(cache_blocks, block_size), exact=exact_replay)
         self.achievable = Replay(PrefixCache(cache_blocks, block_size), exact=exact_replay)
         self._line_tokenizer = isinstance(self.tokenizer, DefaultTokenizer)
+        self._encode_with_offsets = _shared_encoding(self.tokenizer)
         self._static_lru: OrderedDict[int, StaticPart] = OrderedDict()
         self.requests = 0
         self.prompt_tokens = 0
@@ -149,7 +150,8 @@ class Auditor:
             self._static_lru.move_to_end(key)
         else:
             entry = None
-        offsets: list[int] | None = None
+        offsets: Sequence[int] | None = None
+        whole = False  # the prompt was tokenised as a whole (not line by line)
         found: tuple[TemplateState | None, str, tuple[int, int] | None] | None = None
         lines: tuple[int, int] | None = None
         same_from: int | None = None
@@ -172,18 +174,24 @@ class Auditor:
             tail_ids = self.tokenizer.encode(prompt.text[end:])
         else:
             try:
-                ids, offs = self.tokenizer.encode_with_offsets(prompt.text)
+                ids, offs = self._encode_with_offsets(prompt.text)
             except EncodeError as exc:  # nothing recorded yet: the request is a bad line
                 self.add_bad(BadLine(record.file, record.line, str(exc)))
                 return
+            whole = True
             cut = bisect.bisect_left(offs, end)
-            static_ids, tail_ids, offsets = ids[:cut], ids[cut:], offs[:cut]
+            static_ids, tail_ids = ids[:cut], ids[cut:]
+            if tpl is None:
+                offsets = offs[:cut]
             if entry is not None and entry.ids != static_ids:
                 entry = None  # the tail's first token merged across the boundary differently
         if tpl is None:
             tpl = self._template(record, prompt, static_ids, offsets, key, found)
         new = entry is None
         if entry is None:
+            if whole and len(static_ids) == len(tpl.static_ids):
+                # tokenised whole: where the reference's last tokens resume, as _splice_ids says
+                same_from = _same_tail(static_ids, tpl.static_ids)
             entry = self._static_entry(tpl, static_text, static_ids, key, lines, same_from,
                                        same_to)
         tpl.requests += 1
@@ -290,7 +298,7 @@ class Auditor:
         return (self.templates[tid] if tid is not None else None), masked, None
 
     def _template(self, record: Record, prompt: Prompt, static_ids: list[int],
-                  offsets: list[int] | None, key: int,
+                  offsets: Sequence[int] | None, key: int,
                   found: tuple[TemplateState | None, str, tuple[int, int] | None] | None = None
                   ) -> TemplateState:
         model = record.model or ""
@@ -476,6 +484,43 @@ class Auditor:
             before=before, after="", distinct_values_capped=hs.capped,
             char_start=start, char_end=start + len(hs.text),
         )
+
+
+def _shared_encoding(tokenizer: Tokenizer) -> Callable[[str], tuple[list[int], Sequence[int]]]:
+    """``encode_with_offsets`` without copies when the tokenizer keeps encodings (an incremental
+    :class:`~templates_audit.tokenize.HFTokenizer`): its ids and offsets are only searched and
+    sliced here."""
+    encoded = getattr(tokenizer, "encoded", None)
+    if encoded is None or getattr(tokenizer, "incremental", None) is None:
+        return tokenizer.encode_with_offsets
+
+    def ids_and_starts(text: str) -> tuple[list[int], Sequence[int]]:
+        enc = encoded(text)
+        return enc.ids, enc.starts
+
+    return ids_and_starts
+
+
+def _same_tail(ids: list[int], ref: list[int]) -> int:
+    """The first index from which two token lists of one length agree to their end: galloping
+    back from the end (an edit is usually near the top), then bisection."""
+    good = len(ids)
+    step = 16
+    while good:
+        lo = max(0, good - step)
+        if ids[lo:good] != ref[lo:good]:
+            break
+        good = lo
+        step *= 2
+    else:
+        return 0
+    while good - lo > 1:  # ids[lo:] differs from ref[lo:], ids[good:] equals ref[good:]
+        mid = (lo + good) // 2
+        if ids[mid:good] == ref[mid:good]:
+            good = mid
+        else:
+            lo = mid
+    return good
 
 
 def _full_blocks(first: int, end: int, bs: int) -> int:

@@ -39,7 +39,9 @@ from __future__ import annotations
 
 import bisect
 import json
+from array import array
 from collections import OrderedDict
+from collections.abc import Sequence
 from itertools import chain, repeat
 from operator import add, itemgetter, ne
 from typing import Any
@@ -62,7 +64,8 @@ __all__ = ["CHECKS", "DEFAULT_CACHE_TOKENS", "MAX_SEGMENTS", "Encoded", "Increme
 DEFAULT_CACHE_TOKENS = 1 << 20
 MIN_CHARS = 64  # shorter texts are encoded whole and not cached
 MAX_SEGMENTS = 8  # edits spliced around per text; the rest is encoded whole
-CHECKS = 8  # splices per encoder compared with a full encode
+CHECKS = 3  # splices per encoder compared with a full encode
+SIBLING_TAIL = 256  # a text differing from its base only in a tail this short is not cached
 MAX_WALK = 512  # tokens walked back from a difference looking for a restart point
 _WINDOW = 32  # characters encoded past a realignment before looking for a resync point
 _ADDED_REACH = 512  # an edit ending this close before an added token resyncs at that token
@@ -81,11 +84,12 @@ class Encoded:
 
     ``ids``/``starts``: what the tokenizer's ``encode`` returns (ids, start character offset of
     each token, post-processor tokens included). ``raw``/``flags``: per token of the text alone,
-    the untrimmed start and :data:`WORD`/:data:`ADDED` bits — the restart points."""
+    the untrimmed start and :data:`WORD`/:data:`ADDED` bits — the restart points. Offsets are
+    ``array('i')``: copied by memcpy, nothing for the garbage collector to visit."""
 
     __slots__ = ("_hashes", "_keys", "_seed", "flags", "ids", "raw", "starts", "text")
 
-    def __init__(self, text: str, ids: list[int], starts: list[int], raw: list[int],
+    def __init__(self, text: str, ids: list[int], starts: array[int], raw: array[int],
                  flags: bytearray | bytes, seed: tuple[dict[Any, list[int]], int] | None = None
                  ) -> None:
         self.text = text
@@ -129,8 +133,8 @@ class _Parts:
 
     def __init__(self, trimmed: bool) -> None:
         self.ids: list[int] = []
-        self.raw: list[int] = []
-        self.starts: list[int] = []
+        self.raw = array("i")
+        self.starts = array("i")
         self.flags = bytearray()
         self.trimmed = trimmed
 
@@ -142,7 +146,7 @@ class _Parts:
         ids = enc.ids[pre + lo:pre + hi]
         raw = enc.raw[lo:hi]
         if shift:
-            raw = list(map(add, raw, repeat(shift)))
+            raw = array("i", map(add, raw, repeat(shift)))
         if first:
             self.ids, self.raw = ids, raw
             self.flags = enc.flags[lo:hi] if isinstance(enc.flags, bytearray) else bytearray(
@@ -154,7 +158,7 @@ class _Parts:
         if self.trimmed:
             starts = enc.starts[pre + lo:pre + hi]
             if shift:
-                starts = list(map(add, starts, repeat(shift)))
+                starts = array("i", map(add, starts, repeat(shift)))
             if first:
                 self.starts = starts
             else:
@@ -221,6 +225,7 @@ class IncrementalEncoder:
         self.min_chars = min_chars
         self.checks = checks
         self.disabled = ""  # why splicing was turned off, if it was
+        self._diverged = 0  # where the last splice's text first differed from its base
         self.stats = {"fresh": 0, "spliced": 0, "repeats": 0, "encoded_tokens": 0,
                       "reused_tokens": 0}
         self._index = _PrefixIndex(cache_tokens)
@@ -232,21 +237,26 @@ class IncrementalEncoder:
             return self.fresh(text)
         index = self._index
         data = text.encode("utf-8", "surrogatepass")
-        points, digests, whole = _digests(data)
+        whole = xxhash.xxh3_64_intdigest(data, 1)
         hit = index.exact(whole, text)
         if hit is not None:
             self.stats["repeats"] += 1
             return hit
-        found = index.base(digests) if self.rules.level >= LEVEL_SPLITS else None
+        found = index.base(data) if self.rules.level >= LEVEL_SPLITS else None
         if found is None:
             enc = self.fresh(text)
         else:
             base, depth = found
             # An ASCII text's byte grid is its character grid: the texts very likely agree
             # up to the point whose digest matched (checked, then scanned on from there).
-            hint = points[depth] if len(data) == len(text) and base.text.isascii() else 0
+            hint = depth if len(data) == len(text) and base.text.isascii() else 0
             enc = self.splice(base, text, hint)
-        index.add(enc, digests, whole)
+            # A sibling of its base (same text but a short tail: a new user turn under a cached
+            # system prompt) adds nothing the base does not offer to later texts, bar its own
+            # repeats and continuations, which cost a short tail to encode again.
+            if len(base.text) > self._diverged >= len(text) - SIBLING_TAIL:
+                return enc
+        index.add(enc, _digests(data), whole)
         return enc
 
     def fresh(self, text: str) -> Encoded:
@@ -258,6 +268,7 @@ class IncrementalEncoder:
     def splice(self, base: Encoded, text: str, hint: int = 0) -> Encoded:
         """``text`` encoded by reusing ``base``'s tokens wherever a proven cut allows
         (``hint``: characters the two texts probably share at the start)."""
+        self._diverged = 0
         if self.disabled or self.rules.level < LEVEL_SPLITS or not base.raw:
             return self.fresh(text)
         self.stats["spliced"] += 1
@@ -293,6 +304,8 @@ class IncrementalEncoder:
         n = len(text)
         while True:
             c = t_pos + _common_prefix(text, otext, t_pos, t_pos + delta, hint)
+            if not segments:
+                self._diverged = c
             hint = 0
             if c == n and c + delta == len(otext):
                 out.copy(old, pre, k_from, len(old.raw), -delta)
@@ -327,6 +340,7 @@ class IncrementalEncoder:
         raw, flags, text = old.raw, old.flags, old.text
         need = self.rules.need
         forced = self.rules.boundary == "forced"
+        gap = 3 if self.rules.boundary == "regex" else 1
         i = bisect.bisect_left(raw, c) - 1
         walked = 0
         while i >= 0 and walked < MAX_WALK:
@@ -340,7 +354,9 @@ class IncrementalEncoder:
                 i -= 1
                 continue
             kind = _kind(flags, i, forced) if i else KIND_WORD
-            if kind is not None and need(text, b, kind) <= c:
+            # a cut inside a split needs agreement past b (regex words: three characters)
+            if kind is not None and (kind == KIND_SPLIT or b + gap <= c) and need(
+                    text, b, kind) <= c:
                 return b, i, kind
             i -= 1
         return (0, 0, KIND_SPLIT) if lo == 0 else None
@@ -471,9 +487,7 @@ class IncrementalEncoder:
         ids = enc.ids
         offsets = enc.offsets
         words = enc.word_ids
-        raw = list(map(_first, offsets))
-        if lo:
-            raw = list(map(add, raw, repeat(lo)))
+        raw = array("i", map(add, map(_first, offsets), repeat(lo)) if lo else map(_first, offsets))
         # WORD where the word id changes; ADDED on raw added tokens (each its own split).
         flags = bytearray(map(ne, words, chain((None,), words)))
         added = self._added
@@ -481,8 +495,8 @@ class IncrementalEncoder:
             for i in [i for i, t in enumerate(ids) if t in added]:
                 flags[i] = WORD | ADDED
         if parts.trimmed:
-            parts.starts += _trim(self.rules.trims, enc.tokens, raw, [e + lo for _, e in offsets],
-                                  index + len(parts.ids))
+            parts.starts += array("i", _trim(self.rules.trims, enc.tokens, raw,
+                                             [e + lo for _, e in offsets], index + len(parts.ids)))
         parts.ids += ids
         parts.raw += raw
         parts.flags += flags
@@ -494,7 +508,7 @@ class IncrementalEncoder:
         starts = parts.starts if parts.trimmed else parts.raw
         if pre or post:
             ids = pre + ids + post
-            starts = [0] * len(pre) + starts + [0] * len(post)
+            starts = array("i", bytes(4 * len(pre))) + starts + array("i", bytes(4 * len(post)))
         return Encoded(text, ids, starts, parts.raw, parts.flags, seed)
 
 
@@ -508,7 +522,7 @@ def _kind(flags: bytearray | bytes, i: int, forced: bool) -> int | None:
     return KIND_FORCED if forced else None
 
 
-def _trim(trims: tuple[bool, ...], tokens: list[str], starts: list[int], ends: list[int],
+def _trim(trims: tuple[bool, ...], tokens: list[str], starts: Sequence[int], ends: list[int],
           index: int) -> list[int]:
     """ByteLevel's ``process_offsets`` on these tokens (``index``: tokens before them)."""
     starts = list(starts)
@@ -539,23 +553,24 @@ def _trim(trims: tuple[bool, ...], tokens: list[str], starts: list[int], ends: l
 # -- text comparisons ------------------------------------------------------------------------------
 
 def _common_prefix(a: str, b: str, i: int, j: int, hint: int = 0) -> int:
-    """Length of the common prefix of ``a[i:]`` and ``b[j:]`` (galloping slice compares from
-    ``hint``, if the first ``hint`` characters agree)."""
+    """Length of the common prefix of ``a[i:]`` and ``b[j:]``: galloping probes (each copies a
+    slice of ``b`` only: ``a.startswith(piece, pos)`` compares in place), from ``hint`` if the
+    first ``hint`` characters agree."""
     n = min(len(a) - i, len(b) - j)
     if n <= 0:
         return 0
     k = 0
     step = 64
-    if 0 < hint <= n and a[i:i + hint] == b[j:j + hint]:
+    if 0 < hint <= n and a.startswith(b[j:j + hint], i):
         k = hint
         step = max(step, hint // 4)
     while k < n:
         m = min(step, n - k)
-        if a[i + k:i + k + m] != b[j + k:j + k + m]:
+        if not a.startswith(b[j + k:j + k + m], i + k):
             lo, hi = k, k + m
             while hi - lo > 8:
                 mid = (lo + hi) // 2
-                if a[i + lo:i + mid] == b[j + lo:j + mid]:
+                if a.startswith(b[j + lo:j + mid], i + lo):
                     lo = mid
                 else:
                     hi = mid
@@ -626,13 +641,13 @@ def _grid(n: int) -> list[int]:
     return points
 
 
-def _digests(data: bytes) -> tuple[list[int], list[int], int]:
-    """The grid points of ``data``, the xxh3 digests of its prefixes there, and of all of it
-    (hashing the prefixes one by one is cheaper than a streaming hasher's Python calls)."""
+def _digests(data: bytes) -> list[int]:
+    """The xxh3 digests of ``data``'s prefixes at the grid points (hashing the prefixes one by
+    one is cheaper than a streaming hasher's Python calls); the whole text is hashed with
+    seed 1, kept apart."""
     view = memoryview(data)
-    points = _grid(len(data))
     digest = xxhash.xxh3_64_intdigest
-    return points, [digest(view[:g]) for g in points], digest(data, 1)
+    return [digest(view[:g]) for g in _grid(len(data))]
 
 
 class _PrefixIndex:
@@ -655,14 +670,17 @@ class _PrefixIndex:
         self._lru.move_to_end(enc)
         return enc
 
-    def base(self, digests: list[int]) -> tuple[Encoded, int] | None:
-        """The entry under the deepest matching digest, and that digest's index."""
+    def base(self, data: bytes) -> tuple[Encoded, int] | None:
+        """The entry under the deepest matching prefix digest of ``data``, and that prefix's
+        length (digests computed from the deepest down, up to the first hit)."""
         get = self._prefix.get
-        for i in range(len(digests) - 1, -1, -1):
-            enc = get(digests[i])
+        view = memoryview(data)
+        digest = xxhash.xxh3_64_intdigest
+        for g in reversed(_grid(len(data))):
+            enc = get(digest(view[:g]))
             if enc is not None:
                 self._lru.move_to_end(enc)
-                return enc, i
+                return enc, g
         return None
 
     def add(self, enc: Encoded, digests: list[int], whole: int) -> None:

@@ -33,6 +33,7 @@ import functools
 import json
 import os
 import re
+from array import array
 from itertools import chain
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -350,8 +351,8 @@ class HFTokenizer:
             from templates_audit.incremental import Encoded
 
             enc = self._encode(text)
-            starts = [start for start, _ in enc.offsets]
-            return Encoded(text, list(enc.ids), starts, [], b"")
+            starts = array("i", [start for start, _ in enc.offsets])
+            return Encoded(text, list(enc.ids), starts, array("i"), b"")
         try:
             return self.incremental.encode(text)
         except TypeError as exc:
@@ -367,7 +368,7 @@ class HFTokenizer:
             enc = self._encode(text)
             return list(enc.ids), [start for start, _ in enc.offsets]
         e = self.encoded(text)
-        return list(e.ids), list(e.starts)
+        return list(e.ids), e.starts.tolist()
 
     def chat_template(self) -> str | None:
         """The chat template from a ``tokenizer_config.json`` next to the tokenizer, if any."""

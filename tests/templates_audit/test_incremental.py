@@ -84,7 +84,8 @@ def encoder(family: str, add_special_tokens: bool) -> IncrementalEncoder:
 
 def assert_exact(enc: IncrementalEncoder, got: object, text: str) -> None:
     ids, starts = enc.reference(text)
-    assert (got.ids, got.starts) == (ids, starts), f"{enc.rules.family}: {text!r}"  # type: ignore[attr-defined]
+    assert (list(got.ids), list(got.starts)) == (ids, starts), (  # type: ignore[attr-defined]
+        f"{enc.rules.family}: {text!r}")
 
 
 @pytest.mark.parametrize("add_special_tokens", [False, True])
@@ -137,24 +138,27 @@ def test_cache_returns_repeats_and_stays_bounded() -> None:
 
 
 def test_prefix_index_evicts_oldest_and_its_digests() -> None:
-    enc = IncrementalEncoder(FAMILIES["byte_level"](), checks=0)
-    index = _PrefixIndex(budget=3 * len(enc.fresh(PROMPTS[1]).ids))
+    import xxhash
+
     from templates_audit.incremental import _digests
 
+    enc = IncrementalEncoder(FAMILIES["byte_level"](), checks=0)
+    index = _PrefixIndex(budget=3 * len(enc.fresh(PROMPTS[1]).ids))
     entries = []
     for i in range(5):
         text = PROMPTS[1] + f" turn {i}"
         e = enc.fresh(text)
-        _, digests, whole = _digests(text.encode())
-        index.add(e, digests, whole)
-        entries.append((e, digests, whole, text))
+        data = text.encode()
+        whole = xxhash.xxh3_64_intdigest(data, 1)
+        index.add(e, _digests(data), whole)
+        entries.append((e, data, whole, text))
     assert len(index) == 2  # budget: two of these texts (plus a token each)
-    e, digests, whole, text = entries[0]
+    e, data, whole, text = entries[0]
     assert index.exact(whole, text) is None
-    last, digests, whole, text = entries[-1]
+    last, data, whole, text = entries[-1]
     assert index.exact(whole, text) is last
-    found = index.base(digests)  # the oldest live entry owns the shared prefix digests
-    assert found is not None and found[0] is entries[3][0]
+    found = index.base(data)  # the oldest live entry owns the shared prefix digests
+    assert found is not None and found[0] is entries[3][0] and found[1] == 256
 
 
 def test_a_wrong_splice_is_caught_and_turns_splicing_off(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -167,7 +171,8 @@ def test_a_wrong_splice_is_caught_and_turns_splicing_off(monkeypatch: pytest.Mon
     assert_exact(right, right.splice(right.fresh(base_text), text), text)
 
     enc = IncrementalEncoder(FAMILIES["byte_level"](), checks=1)
-    monkeypatch.setattr(enc, "rules", dataclasses.replace(enc.rules, regex_stages=0))
+    # treat the regex as a splitter that looks one character ahead: its settle rule is gone
+    monkeypatch.setattr(enc, "rules", dataclasses.replace(enc.rules, boundary="run"))
     assert enc._splice(enc.fresh(base_text), text, 0).ids != enc.reference(text)[0]
     got = enc.splice(enc.fresh(base_text), text)
     assert_exact(enc, got, text)  # the check caught it: the full encode is returned
@@ -238,3 +243,19 @@ def test_auditor_reports_are_byte_identical_to_full_encodes(tmp_path: object) ->
         auditor.add_all(records)
         reports.append(json_report.render(auditor.report()))
     assert reports[0] == reports[1]
+
+
+def test_same_tail_against_brute_force() -> None:
+    import random
+
+    from templates_audit.analysis import _same_tail
+
+    rng = random.Random(5)
+    for _ in range(500):
+        ref = [rng.randrange(4) for _ in range(rng.randrange(0, 60))]
+        ids = list(ref)
+        for _ in range(rng.randrange(0, 3)):
+            if ids:
+                ids[rng.randrange(len(ids))] = rng.randrange(4)
+        want = next(i for i in range(len(ids) + 1) if ids[i:] == ref[i:])
+        assert _same_tail(ids, ref) == want
