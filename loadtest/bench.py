@@ -9,7 +9,7 @@ Three parts, run one after the other on this machine:
    `SPLIT_FLEETS` cells also the default policy as 1, 2 and 4 processes behind the round-robin
    splitter and sglang-router as 2 (`split_setups`). Each cell also gets its one-cache ceiling;
 2. overhead (`loadtest.overhead`): proxy CPU per request / per chunk and added latency, with the
-   router's default policy;
+   judged policies (`judged`: the default, and cache_aware while it is not the default);
 3. simulate (`loadtest.simulate`): the discrete-event simulator at 64 replicas (`SIM_WORKLOADS`),
    every router policy, each against the ceiling.
 
@@ -45,7 +45,7 @@ from loadtest.setups import parse_setup
 from loadtest.workloads import Request, WorkloadSpec, generate
 
 __all__ = ["FLEETS", "SIM_WORKLOADS", "SPLIT_FLEETS", "WORKLOADS", "BenchWorkload", "SimWorkload",
-           "default_policy", "main", "setups", "split_setups"]
+           "default_policy", "judged", "main", "setups", "split_setups"]
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE_REPLICAS = 4
@@ -127,6 +127,15 @@ def policies() -> list[str]:
     return [default] + [p for p in POLICIES if p != default]
 
 
+def judged() -> list[str]:
+    """The router setups the targets are rendered for: the default policy, and cache_aware
+    (issue #18's candidate for the default) while it is not the default yet."""
+    out = [f"router-{default_policy()}"]
+    if "cache_aware" in policies() and default_policy() != "cache_aware":
+        out.append("router-cache_aware")
+    return out
+
+
 def setups() -> list[str]:
     """The compare setups of every cell."""
     return ([f"router-{p}" for p in policies()]
@@ -198,6 +207,7 @@ def run_compare(cells: tuple[BenchWorkload, ...], names: list[str], split: list[
         else:
             merged["workloads"][w.key] = block
     merged["ours"] = f"router-{default_policy()}"
+    merged["judged"] = judged()
     return merged
 
 
@@ -208,7 +218,11 @@ def run_overhead(workdir: Path, quick: bool) -> dict[str, Any]:
     cfg = OverheadConfig()
     if quick:
         cfg = replace(cfg, latency_requests=30, cpu_requests=60, rounds=1, capacity_requests=60)
-    names = [f"router-{default_policy()}" if s.startswith("router-") else s for s in OH_SETUPS]
+    # the judged policies in place of the router's row; the ratios use the first router row,
+    # the candidate's when there is one
+    names: list[str] = []
+    for s in OH_SETUPS:
+        names += list(reversed(judged())) if s.startswith("router-") else [s]
     return measure([parse_setup(s) for s in names], cfg, workdir,
                    log=lambda m: print(m, file=sys.stderr, flush=True))
 
@@ -292,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = {
         "compare": lambda work: run_compare(cells, args.setup or setups(), split,
                                             work / "compare", args.seed,
-                                            (BASE_REPLICAS,) if args.quick else SPLIT_FLEETS),
+                                            fleets if args.quick else SPLIT_FLEETS),
         "overhead": lambda work: run_overhead(work / "overhead", args.quick),
         "simulate": lambda work: run_simulate(args.quick),
     }

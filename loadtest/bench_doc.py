@@ -123,10 +123,12 @@ def _compare_section(cmp_: Mapping[str, Any], figures: Mapping[str, Any],
         "minutes on 2 cores (8-13 s of traffic per setup and cell).\n",
         _fleet_table(cmp_),
     ]
-    rows = cells(cmp_, ours)
-    if rows:
-        out += [f"### Targets: `{ours}` (the default policy) against `{SGLANG}` and "
-                "round-robin, this run\n", targets_markdown(rows)]
+    for judged in cmp_.get("judged") or [ours]:
+        rows = cells(cmp_, judged)
+        role = "the default policy" if judged == ours else "the candidate for the default"
+        if rows:
+            out += [f"### Targets: `{judged}` ({role}) against `{SGLANG}` and round-robin, "
+                    "this run\n", targets_markdown(rows)]
     for key, block in cmp_.get("workloads", {}).items():
         out.append(compare_markdown({"workloads": {key: block}}))
         for name, why in (block.get("failed") or {}).items():
