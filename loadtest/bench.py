@@ -22,8 +22,8 @@ Writes ``docs/benchmarks.md`` (`loadtest.bench_doc`), ``docs/img/bench-*.png`` a
 under ``build/bench/``. ``--quick`` shrinks every part (a smoke run of the pipeline, not a
 benchmark); ``--skip`` leaves parts out; ``--workload`` / ``--replicas`` / ``--setup`` narrow the
 compare part; ``--render-only`` redraws the doc and figures from the saved JSON. Budget: the full
-run is sized to finish in about 30 minutes on 2 cores (8-13 s of traffic per setup and cell,
-plus 3-5 s of start-up each).
+run is sized to finish in about 30 minutes on 2 cores (8-10 s of traffic per setup and cell,
+plus 2-5 s of start-up each; the 64-replica simulation 2-3k requests per workload).
 """
 
 from __future__ import annotations
@@ -79,12 +79,12 @@ class BenchWorkload:
 _SMALL_PROMPTS = {"prompts": 4, "min_prompt_tokens": 500, "max_prompt_tokens": 1500}
 WORKLOADS = (
     BenchWorkload("shared-prefix", 160, 20.0, FleetParams(), {}),
-    BenchWorkload("hot-prefix", 200, 20.0, FleetParams(), {"turns": 4, "user_tokens": 300}),
+    BenchWorkload("hot-prefix", 160, 20.0, FleetParams(), {"turns": 4, "user_tokens": 300}),
     BenchWorkload("multi-turn", 160, 20.0, FleetParams(), {"turns": 4}),
-    BenchWorkload("mooncake", 100, 8.0, FleetParams(kv_blocks=2048, speed=2.0),
+    BenchWorkload("mooncake", 80, 8.0, FleetParams(kv_blocks=2048, speed=2.0),
                   {"trace_path": DEFAULT_TRACE, "max_output_tokens": 32},
                   max_input_tokens=9000),
-    BenchWorkload("rag", 140, 14.0, FleetParams(kv_blocks=1024),
+    BenchWorkload("rag", 120, 14.0, FleetParams(kv_blocks=1024),
                   {**_SMALL_PROMPTS, "min_doc_tokens": 150, "max_doc_tokens": 500, "turns": 3}),
     BenchWorkload("agent", 120, 12.0, FleetParams(kv_blocks=2048, speed=2.0), _SMALL_PROMPTS),
 )
@@ -103,12 +103,12 @@ class SimWorkload:
 
 
 SIM_WORKLOADS = (
-    SimWorkload("shared-prefix", 4000, 240.0, 768, {"prompts": 256}),
-    SimWorkload("multi-turn", 4000, 240.0, 768, {"prompts": 256, "turns": 4}),
-    SimWorkload("rag", 4000, 200.0, 1024, {**_SMALL_PROMPTS, "prompts": 16,
+    SimWorkload("shared-prefix", 3000, 240.0, 768, {"prompts": 256}),
+    SimWorkload("multi-turn", 3000, 240.0, 768, {"prompts": 256, "turns": 4}),
+    SimWorkload("rag", 3000, 200.0, 1024, {**_SMALL_PROMPTS, "prompts": 16,
                                            "min_doc_tokens": 150, "max_doc_tokens": 500,
                                            "turns": 3}),
-    SimWorkload("agent", 3000, 60.0, 2048, {**_SMALL_PROMPTS, "prompts": 8}),
+    SimWorkload("agent", 2000, 60.0, 2048, {**_SMALL_PROMPTS, "prompts": 8}),
 )
 
 
