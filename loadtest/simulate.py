@@ -181,6 +181,7 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
                 e, st = engines[n], states[n]
                 st.running, st.waiting = len(e.running), len(e.waiting)
                 st.kv_usage, st.kv_capacity = e.kv_usage, capacity
+                st.scraped_unstarted = st.unstarted
             r_ = router.route(req.path, req.headers, req.key_body, next(seq_counter))
             if r_ is None:
                 continue

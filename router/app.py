@@ -2,9 +2,11 @@
 
 Request path (plain ASGI, no middleware stack):
 
-    /v1/*   auth -> in-flight cap (429) -> read body (413) -> validate (400) -> keys.derive ->
-            policy.choose -> conversation / prompt affinity -> proxy.Forwarder.forward (retry before
-            first byte, relay, disconnect)
+    /v1/*   auth -> in-flight cap (429) -> read body (413) -> validate (400) -> model pool
+            (models.select_pool: 404 model_not_found / 503) -> keys.derive -> policy.choose ->
+            conversation / prompt affinity -> LoRA affinity -> proxy.Forwarder.forward (retry
+            before first byte, relay, disconnect); everything after the pool sees only its
+            replicas
             GET /v1/models is answered here: union over available replicas, deduplicated by id
     /health 200 while the process runs        /ready 200 with >= 1 available replica, else 503
     /metrics Prometheus text (on the admin listener instead when `admin.port` is set)
@@ -35,7 +37,7 @@ import os
 import socket
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import uvicorn
@@ -46,8 +48,10 @@ from router.auth import ClientAuth, upstream_authorization
 from router.body import PROMPT_FIELDS, ClientGone, read_body, validate_body
 from router.discovery import Discovery, make_discovery
 from router.errors import (
+    ModelNotFound,
     NoReplicaAvailable,
     NotFound,
+    RequestTimeout,
     RouterError,
     TooManyRequests,
     UpstreamError,
@@ -56,12 +60,16 @@ from router.errors import (
 from router.health import HealthMonitor
 from router.limits import ConnectionGuard, refused_by
 from router.metrics import RouterMetrics
+from router.models import PoolStatus, select_pool
 from router.policy import Branch
 from router.proxy import Forwarder, Upstream, make_session
 from router.replicas import EndpointLike, ReplicaSet
 from router.routing import Router
-from router.settings import Settings, settings_from_env
+from router.settings import Settings, SettingsError, settings_from_env
 from router.usage import UsageTap
+
+if TYPE_CHECKING:  # router.tracing imports opentelemetry: only loaded when tracing is on
+    from router.tracing import RequestTrace, Tracing
 
 log = logging.getLogger("prefix_router")
 
@@ -83,10 +91,13 @@ class RouterApp:
         self.key_config = self.router.key_config
         self._key_headers = (self.key_config.key_header.encode(),
                              self.key_config.session_header.encode())
-        self.health = HealthMonitor(settings.health, settings.scrape, self.replicas,
-                                    self.metrics, on_change=self._publish_states)
         self.auth = ClientAuth(settings.auth.client_keys(environ))
         self.upstream_auth = upstream_authorization(settings.auth.upstream_key(environ))
+        auth = self.upstream_auth
+        self.health = HealthMonitor(
+            settings.health, settings.scrape, self.replicas, self.metrics,
+            on_change=self._publish_states,
+            models_headers={auth[0].decode("latin-1"): auth[1].decode("latin-1")} if auth else None)
         self.discovery = discovery
         self.forwarder: Forwarder | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -96,6 +107,8 @@ class RouterApp:
         self._seq = 0
         self._open = 0
         self.access_log = AccessLog() if settings.logging.access_log else None
+        self.tracing: Tracing | None = None  # made in startup when tracing is on
+        self._environ = environ
         # found by the http= protocol of `prefix-router serve` (router.limits)
         self.connection_guard = ConnectionGuard(settings.limits, self.metrics, self.access_log)
         self._metrics_here = not settings.admin.enabled
@@ -123,6 +136,7 @@ class RouterApp:
 
     async def startup(self) -> None:
         s = self.settings
+        self.tracing = start_tracing(s, self._environ)
         self._session = make_session(s.proxy)
         self._control = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
                                               cookie_jar=aiohttp.DummyCookieJar())
@@ -160,6 +174,9 @@ class RouterApp:
             if session is not None:
                 await session.close()
         self._session = self._control = None
+        if self.tracing is not None:  # flushes queued spans; the export may wait on the network
+            tracing, self.tracing = self.tracing, None
+            await asyncio.to_thread(tracing.shutdown)
 
     async def _start_admin(self) -> None:
         admin = self.settings.admin
@@ -214,7 +231,9 @@ class RouterApp:
         return True
 
     async def _answer_error(self, send: Send, err: RouterError) -> None:
-        self.metrics.reject(_REJECT_REASONS.get(err.status, "error"))
+        reason = "model_not_found" if isinstance(err, ModelNotFound) else _REJECT_REASONS.get(
+            err.status, "error")
+        self.metrics.reject(reason)
         await send_bytes(send, err.status, error_body(err), err.headers())
 
     async def _api(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -222,6 +241,7 @@ class RouterApp:
         method: str = scope["method"]
         path: str = scope["path"]
         record = AccessRecord(method, path)
+        trace = None if self.tracing is None else self.tracing.request(scope, record)
         counted = False
         try:
             self.auth.check(scope["headers"])
@@ -233,17 +253,21 @@ class RouterApp:
                 raise TooManyRequests("router at max_in_flight; retry shortly", retry_after=1)
             self._open += 1
             counted = True
-            await self._route(scope, receive, send, record)
+            await self._route(scope, receive, send, record, trace)
         except RouterError as err:
             record.status = err.status
             await self._answer_error(send, err)
         except ClientGone:
             record.status = CLIENT_CLOSED
-            # a limits.* deadline ended the body: the guard answered 408 and wrote the line
             record.limit = refused_by(scope)
+            if record.limit is not None:
+                # a limits.* deadline ended the body: the guard answered it (and logs the line)
+                record.status = RequestTimeout.status
         finally:
             if counted:
                 self._open -= 1
+            if trace is not None:
+                trace.finish(record)
             if self.access_log is not None and record.limit is None:
                 record.duration_ms = round((time.perf_counter() - t0) * 1000, 3)
                 if record.ttfb_ms is not None:
@@ -251,7 +275,7 @@ class RouterApp:
                 self.access_log.emit(record)
 
     async def _route(self, scope: Scope, receive: Receive, send: Send,
-                     record: AccessRecord) -> None:
+                     record: AccessRecord, trace: RequestTrace | None) -> None:
         headers = scope["headers"]
         path: str = scope["path"]
         body = await read_body(receive, headers, self.settings.proxy.max_body_bytes)
@@ -262,28 +286,44 @@ class RouterApp:
         key_hdr, session_hdr = self._key_headers
         key_headers = {n.decode("latin-1"): v.decode("latin-1") for n, v in headers
                        if n == key_hdr or n == session_hdr}
+        model = parsed.get("model") if parsed is not None else None
+        pool = select_pool(model, self.replicas.states())
+        record.model = pool.label
+        if pool.status is PoolStatus.NOT_FOUND:
+            raise ModelNotFound()
+        if pool.status is PoolStatus.PENDING:
+            raise NoReplicaAvailable("the model lists of some replicas are not known yet",
+                                     retry_after=self._retry_after())
+        if pool.status is PoolStatus.DOWN:
+            raise NoReplicaAvailable("no healthy replica serves the requested model",
+                                     retry_after=self._retry_after())
         self._seq += 1
         routed = self.router.route(path, key_headers, parsed, self._seq,
-                                   UsageTap() if parsed is not None else None)
+                                   UsageTap() if parsed is not None else None, pool)
         if routed is None:
             raise NoReplicaAvailable("no healthy replica", retry_after=self._retry_after())
         decision, key = routed.decision, routed.key
         record.branch = decision.branch.value
         record.key_source = key.source.value
+        if trace is not None:
+            trace.routed(parsed, key, decision)
         if decision.branch is Branch.SPILL:
-            self.metrics.spill(decision.replica)
+            self.metrics.spill(decision.replica, pool.label)
         ring_key = key.ring_key
         if ring_key is not None:
             self.metrics.observe_key(ring_key)
         assert self.forwarder is not None, "request before lifespan startup"
         try:
             await self.forwarder.forward(scope, receive, send, body if body else None,
-                                         decision.candidates, record, routed)
+                                         decision.candidates, record, routed, trace)
         finally:
             served = routed.served_by
             if served is not None:
-                self.metrics.cached_tokens(served, routed.predicted,
-                                           routed.tap.usage() if routed.tap else None)
+                usage = routed.tap.usage() if routed.tap else None
+                self.metrics.cached_tokens(served, routed.predicted, usage)
+                if trace is not None:
+                    trace.outcome(usage, routed.predicted if self.router.index is not None
+                                  else None)
 
     def _retry_after(self) -> int:
         return max(1, round(min(self.settings.health.interval,
@@ -332,6 +372,20 @@ async def _flush_every_second(access_log: AccessLog) -> None:
         access_log.flush()
 
 
+def start_tracing(settings: Settings, environ: Mapping[str, str]) -> Tracing | None:
+    """The process's tracer when `tracing.enabled` (and OTEL_SDK_DISABLED is not true), else
+    None; the only place router.tracing, and so opentelemetry, is imported."""
+    t = settings.tracing
+    if not t.enabled or environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    try:
+        from router.tracing import Tracing
+    except ImportError as exc:
+        raise SettingsError(f"tracing.enabled: true needs the otel extra (pip install "
+                            f"'prefix-router[otel]'), got ImportError: {exc}") from exc
+    return Tracing(t, settings.routing.policy, environ)
+
+
 def create_app(settings: Settings, *, discovery: Discovery | None = None) -> RouterApp:
     return RouterApp(settings, discovery=discovery)
 
@@ -341,4 +395,4 @@ def app_factory() -> RouterApp:
     return create_app(settings_from_env())
 
 
-__all__ = ["RouterApp", "app_factory", "create_app"]
+__all__ = ["RouterApp", "app_factory", "create_app", "start_tracing"]

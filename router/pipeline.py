@@ -6,7 +6,8 @@ for this request, the work already queued on it, its rank on the key's ring walk
 
 1. **Filters** (`Filter`: candidates -> candidates, in order). `bounded_load` keeps the
    replicas under the bounded-load cap of `router.policy.LoadBound` (requests in flight,
-   ``load_factor`` x the average, never below ``load_floor``). Further filters (a model or LoRA
+   ``load_factor`` x the average, never below ``cache_load_floor``: the cost model moves load
+   long before that; the cap is the safety net). Further filters (a model or LoRA
    pool) plug in the same way. Nothing left -> the least loaded available replica, branch
    ``fallback``.
 2. **Scorers** (`Scorer`: pure, returns [0, 1]) on a common scale ``T = prompt tokens + the
@@ -17,8 +18,10 @@ for this request, the work already queued on it, its rank on the key's ring walk
    - ``home``: 2^-rank on the consistent-hash walk of the key's static prefix: 1 for the home.
    With equal cache and load weights, ``cache + load`` is ``2 - (prompt - cached + queued) / T``:
    the best replica is the one where this request's prefill plus the queue ahead of it is
-   smallest, as in Dynamo's KV router. A hot prompt therefore stays on the replicas that hold
-   it until queueing there costs more than one cold prefill elsewhere, then replicates.
+   smallest, as in Dynamo's KV router; a larger cache weight also charges a cold prefill for
+   the work it queues ahead of later requests. A hot prompt therefore stays on the replicas
+   that hold it until queueing there costs more than ``cache_weight / load_weight`` cold
+   prefills elsewhere, then replicates.
    ``home`` is the tie-breaker: when nothing is cached and loads are equal the key's ring home
    wins, so router processes with no shared state place a new prefix on the same replica and
    ``ring: nginx`` parity holds for cold keys.
@@ -37,7 +40,8 @@ Queued work of a replica (`queued_work`), in prefill tokens: the predicted uncac
 this router's requests on it that have not produced a first byte yet, plus ``decode_tokens``
 per request in flight there (this router's, or the scraped running + waiting, whichever is
 larger), plus the scraped waiting requests this router did not send, each costing the average
-prefill, plus - above ``kv_high`` KV-cache usage - up to one more prompt of this size, since a
+prefill (the waiting count minus this router's unanswered requests there at the time of the
+scrape), plus - above ``kv_high`` KV-cache usage - up to one more prompt of this size, since a
 new sequence there waits for blocks or preempts one.
 
 Invariant: whenever some available replica is under the bounded-load cap, the pick is under
@@ -48,8 +52,7 @@ operations each), plus a sort of N for the retry order.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from router.keys import KeySource, RoutingKey
 from router.policy import Branch, Decision, LoadBound
@@ -69,15 +72,13 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class RequestView:
+class RequestView(NamedTuple):  # NamedTuples: built per request, cheaper than frozen dataclasses
     key: RoutingKey
     prompt_tokens: int  # estimated tokens of the whole prompt
     placed: bool = True  # the candidates carry a ring rank (a routing key exists)
 
 
-@dataclass(frozen=True)
-class Candidate:
+class Candidate(NamedTuple):
     state: ReplicaState
     cached: int  # tokens of this request the index predicts the replica holds
     queued: float  # work already queued on the replica, in prefill tokens (`queued_work`)
@@ -114,9 +115,13 @@ def bounded_load(bound: LoadBound) -> Filter:
     """The candidates under the bounded-load cap, over all available replicas' loads."""
 
     def keep(req: RequestView, candidates: list[Candidate]) -> list[Candidate]:
-        total = sum(c.state.load() for c in candidates)
+        loads = [c.state.load() for c in candidates]
+        total = sum(loads)
         weight = sum(c.state.weight for c in candidates)
-        return [c for c in candidates if c.state.load() < bound.cap(c.state, total, weight)]
+        cap = bound.cap
+        kept = [c for c, load in zip(candidates, loads, strict=True)
+                if load < cap(c.state, total, weight)]
+        return kept if len(kept) < len(candidates) else candidates
 
     return keep
 
@@ -125,7 +130,7 @@ def queued_work(r: ReplicaState, prompt_tokens: int, decode_tokens: float, mean_
                 kv_high: float) -> float:
     """Prefill-token cost of the work waiting on ``r`` before a new request (module docstring)."""
     work = r.pending_prefill + decode_tokens * r.load()
-    others = r.waiting - r.unstarted
+    others = r.waiting - r.scraped_unstarted  # the scrape is up to an interval old
     if others > 0:
         work += others * mean_prefill
     if r.kv_usage > kv_high:
@@ -159,16 +164,24 @@ class Pipeline:
         if scale <= 0:
             scale = 1.0
         scorers = self.scorers
-        scored = sorted(((sum(w * s(req, c, scale, fleet) for s, w in scorers), -c.rank, c)
-                         for c in kept), key=lambda t: (t[0], t[1]), reverse=True)
-        ranked = [c for _, _, c in scored]
+        scored = []
+        top_cached = 0
+        for i, c in enumerate(kept):
+            value = 0.0
+            for scorer, weight in scorers:
+                value += weight * scorer(req, c, scale, fleet)
+            scored.append((value, -c.rank, -i))
+            if c.cached > top_cached:
+                top_cached = c.cached
+        order = sorted(range(len(kept)), key=scored.__getitem__, reverse=True)
+        ranked = [kept[i] for i in order]
         best = ranked[0]
-        top_cached = max(c.cached for c in kept)
-        if best.cached >= max(1, self.min_match_tokens) and best.cached >= top_cached:
+        floor = max(1, self.min_match_tokens)
+        if best.cached >= floor and best.cached >= top_cached:
             branch = Branch.CACHE_HIT
         elif best.rank == 0 and req.placed:
             branch = _HOME_BRANCH.get(req.key.source, Branch.HOME)
-        elif not req.placed and top_cached < max(1, self.min_match_tokens):
+        elif not req.placed and top_cached < floor:
             branch = Branch.LEAST_LOADED
         else:
             branch = Branch.SPILL
@@ -177,8 +190,14 @@ class Pipeline:
 
 def _decision(ranked: list[Candidate], branch: Branch, everyone: list[Candidate]) -> Decision:
     """The pick, then the rest of ``ranked``, then any filtered-out candidate by ring rank."""
-    order = [c.name for c in ranked]
-    seen = set(order)
-    order += [c.name for c in sorted(everyone, key=lambda c: c.rank) if c.name not in seen]
-    home = next((c.name for c in everyone if c.rank == 0), None)
+    order = [c.state.name for c in ranked]
+    if len(ranked) < len(everyone):
+        seen = set(order)
+        order += [c.state.name for c in sorted(everyone, key=lambda c: c.rank)
+                  if c.state.name not in seen]
+    home = None
+    for c in everyone:
+        if c.rank == 0:
+            home = c.state.name
+            break
     return Decision(order[0], branch, tuple(order), home, ranked[0].cached)

@@ -83,6 +83,7 @@ __all__ = [
 ]
 
 POLICIES = ("prefix", "cache_aware", "round_robin", "least_loaded")
+SPILL_WIDTH = 3  # replicas a sticky conversation's spill is ranked over (rendezvous)
 
 
 class Branch(StrEnum):
@@ -94,6 +95,7 @@ class Branch(StrEnum):
     ROUND_ROBIN = "round_robin"
     LEAST_LOADED = "least_loaded"
     CACHE_HIT = "cache_hit"
+    LORA_AFFINITY = "lora_affinity"  # router.models.lora_affinity moved it to its adapter
 
 
 @dataclass(frozen=True)
@@ -129,8 +131,8 @@ class LoadBound:
     """The bounded-load rule (cap and floor), shared by the policy and the affinities that may
     move a request after it, so that no path can place a request past the cap."""
 
-    load_factor: float = 1.25
-    floor: int = 0
+    load_factor: float
+    floor: int
 
     def __post_init__(self) -> None:
         if not self.load_factor >= 1.0:
@@ -152,7 +154,7 @@ class LoadBound:
 class BoundedLoadPrefixPolicy:
     name = "prefix"
 
-    def __init__(self, load_factor: float = 1.25, spill_width: int = 3, load_floor: int = 0) -> None:
+    def __init__(self, load_factor: float, load_floor: int, spill_width: int = SPILL_WIDTH) -> None:
         if spill_width < 1:
             raise ValueError(f"spill_width: expected >= 1, got {spill_width!r}")
         self.bound = LoadBound(load_factor, load_floor)
@@ -224,10 +226,12 @@ class LeastLoadedPolicy:
         return _least_loaded_decision(key, available, ring) if available else None
 
 
-def make_policy(name: str, load_factor: float = 1.25, spill_width: int = 3,
-                load_floor: int = 0) -> Policy:
+def make_policy(name: str, load_factor: float, load_floor: int) -> Policy:
+    """The policy ``name`` with the bounded-load settings of ``routing:`` (no defaults here:
+    ``router.settings.RoutingSettings`` holds them). ``cache_aware`` is not a Policy: it is the
+    pipeline that ``router.routing.Router`` assembles."""
     if name == "prefix":
-        return BoundedLoadPrefixPolicy(load_factor, spill_width, load_floor)
+        return BoundedLoadPrefixPolicy(load_factor, load_floor)
     if name == "round_robin":
         return RoundRobinPolicy()
     if name == "least_loaded":

@@ -62,6 +62,10 @@ class PrefixIndex(Protocol):
         """Drop everything known about ``replica``."""
         ...
 
+    def inserted(self, replica: str) -> float:
+        """New (uncached) tokens recently written for ``replica``: its eviction pressure."""
+        ...
+
 
 def match_holders(holders: Mapping[int, Collection[str]], chunks: Chunks) -> dict[str, int]:
     """Replica -> tokens of its longest prefix of ``chunks``, given hash -> holders."""
@@ -154,6 +158,8 @@ class ApproxIndex:
         self.max_entries = max_entries
         self._replicas: dict[str, _Replica] = {}
         self._holders: dict[int, set[str]] = {}
+        self._inserted: dict[str, float] = {}
+        self._inserted_total = 0.0
 
     def _get(self, replica: str) -> _Replica:
         r = self._replicas.get(replica)
@@ -170,6 +176,7 @@ class ApproxIndex:
             return
         r = self._get(replica)
         entries, holders = r.entries, self._holders
+        new = 0
         for i in range(len(hashes) - 1, -1, -1):
             h = hashes[i]
             if h in entries:
@@ -178,12 +185,30 @@ class ApproxIndex:
             weight = tokens[i] - (tokens[i - 1] if i else 0)
             entries[h] = weight
             r.used += weight
+            new += weight
             held = holders.get(h)
             if held is None:
                 holders[h] = {replica}
             else:
                 held.add(replica)
         self._evict(replica, r)
+        if new:
+            self._count_inserted(replica, new)
+
+    def _count_inserted(self, replica: str, tokens: int) -> None:
+        """Recent insertions per replica: halved whenever the total passes the fleet's
+        capacity, so they cover roughly the last one to two fleet-fulls of new content."""
+        ins = self._inserted
+        ins[replica] = ins.get(replica, 0.0) + tokens
+        self._inserted_total += tokens
+        horizon = sum(r.capacity for r in self._replicas.values())
+        if self._inserted_total > horizon:
+            for name in ins:
+                ins[name] /= 2
+            self._inserted_total /= 2
+
+    def inserted(self, replica: str) -> float:
+        return self._inserted.get(replica, 0.0)
 
     def _evict(self, replica: str, r: _Replica) -> None:
         entries, holders = r.entries, self._holders
@@ -204,6 +229,7 @@ class ApproxIndex:
 
     def forget(self, replica: str) -> None:
         r = self._replicas.pop(replica, None)
+        self._inserted_total -= self._inserted.pop(replica, 0.0)
         if r is None:
             return
         for h in r.entries:

@@ -16,6 +16,7 @@ Cost: linear in the size of the document; done once per process.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -27,12 +28,12 @@ from urllib.parse import urlsplit
 import yaml
 
 __all__ = [
-    "AdminSettings", "AuthSettings", "DISCOVERY_TYPES", "DiscoverySettings", "DnsDiscovery",
-    "HealthSettings", "KubernetesDiscovery", "LOG_LEVELS", "LimitsSettings", "Listen",
-    "LoggingSettings", "POLICIES",
-    "ProxySettings", "RINGS", "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV",
-    "ScrapeSettings", "Settings", "SettingsError", "ShutdownSettings", "load_settings",
-    "parse_backend", "parse_size", "settings_from_env", "write_settings_file"
+    "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
+    "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery", "LOG_LEVELS",
+    "LimitsSettings", "Listen", "LoggingSettings", "POLICIES", "ProxySettings", "RINGS",
+    "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV", "ScrapeSettings", "Settings",
+    "SettingsError", "ShutdownSettings", "TracingSettings", "load_settings", "parse_backend",
+    "parse_size", "settings_from_env", "write_settings_file"
 ]
 
 SETTINGS_ENV = "PREFIX_ROUTER_SETTINGS_FILE"
@@ -46,6 +47,7 @@ SCHEMES = ("http", "https")
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2,
                "gb": 1000**3, "gib": 1024**3}
+_SELECTOR = re.compile(r"^[\w./-]+=[\w.-]*(,[\w./-]+=[\w.-]*)*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 
 class SettingsError(ValueError):
@@ -174,12 +176,20 @@ class ReplicaSpec:
     name: str
     url: str
     weight: int = 1
+    # the model names (base models, LoRA adapters) the replica serves; None: learn them from
+    # its /v1/models
+    models: tuple[str, ...] | None = None
 
     @classmethod
     def parse(cls, r: _Reader) -> ReplicaSpec:
         name: str = r.check("name", None, "a replica name ([A-Za-z0-9_.:-], <= 63 chars)",
                        lambda v: isinstance(v, str) and bool(_NAME.match(v)))
-        return cls(name=name, url=_url(r, "url"), weight=r.integer("weight", 1, 1, 1000))
+        models = r.check("models", None, "a non-empty list of model names or null",
+                         lambda v: v is None or (isinstance(v, list | tuple) and bool(v) and all(
+                             isinstance(m, str) and m for m in v)),
+                         lambda v: None if v is None else tuple(v))
+        return cls(name=name, url=_url(r, "url"), weight=r.integer("weight", 1, 1, 1000),
+                   models=models)
 
 
 @dataclass(frozen=True)
@@ -203,6 +213,9 @@ class KubernetesDiscovery:
     port_name: str = "http"
     scheme: str = "http"
     kubeconfig: str | None = None
+    # `k=v[,k=v]` over EndpointSlice labels, instead of `service`: one router over several
+    # Services (one per model; Kubernetes copies a Service's labels onto its slices)
+    selector: str | None = None
 
     @classmethod
     def parse(cls, r: _Reader) -> KubernetesDiscovery:
@@ -210,7 +223,10 @@ class KubernetesDiscovery:
                    service=r.string("service", cls.service),
                    port_name=r.string("port_name", cls.port_name),
                    scheme=r.choice("scheme", cls.scheme, SCHEMES),
-                   kubeconfig=r.opt_string("kubeconfig"))
+                   kubeconfig=r.opt_string("kubeconfig"),
+                   selector=r.check("selector", None, "a label selector 'k=v[,k=v]' or null",
+                                    lambda v: v is None or (isinstance(v, str) and bool(
+                                        _SELECTOR.match(v)))))
 
 
 @dataclass(frozen=True)
@@ -247,11 +263,12 @@ class RoutingSettings:
     session_header: str = "X-Session-ID"
     prompt_affinity: bool = True
     # cache_aware (router/pipeline.py): scorer weights, the cost model, the prefix index
-    cache_weight: float = 1.0
+    cache_weight: float = 4.0
     load_weight: float = 1.0
     home_weight: float = 0.1
     decode_tokens: float = 32.0
     kv_high: float = 0.9
+    cache_load_floor: int = 32
     min_match_tokens: int = 64
     match_threshold: float = 0.5
     chunk_chars: int = 1024
@@ -278,6 +295,8 @@ class RoutingSettings:
                 kv_high=r.check("kv_high", cls.kv_high, "a number in [0, 1)",
                                 lambda v: isinstance(v, int | float) and not isinstance(v, bool)
                                 and 0 <= v < 1, float),
+                cache_load_floor=r.integer("cache_load_floor", cls.cache_load_floor, 0,
+                                           1_000_000),
                 min_match_tokens=r.integer("min_match_tokens", cls.min_match_tokens, 0),
                 match_threshold=r.check("match_threshold", cls.match_threshold,
                                         "a number in [0, 1]",
@@ -448,11 +467,53 @@ class ShutdownSettings:
         return cls(grace_period=r.number("grace_period", cls.grace_period, ge=0))
 
 
+@dataclass(frozen=True)
+class TracingSettings:
+    """OpenTelemetry traces (`router.tracing`, needs the `otel` extra). A field left null defers
+    to its standard OTEL_* variable and then to the SDK's own default; a value set here wins
+    over the variable, as a constructor argument does in the OTel SDK. `OTEL_SDK_DISABLED=true`
+    keeps tracing off whatever `enabled` says."""
+
+    enabled: bool = False
+    # OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces
+    endpoint: str | None = None
+    # OTEL_SERVICE_NAME, else service.name in OTEL_RESOURCE_ATTRIBUTES, else DEFAULT_SERVICE_NAME
+    service_name: str | None = None
+    # ParentBased(TraceIdRatioBased(ratio)); null: OTEL_TRACES_SAMPLER(_ARG), else
+    # parentbased_always_on
+    sample_ratio: float | None = None
+    # routing-key values (a prefix digest, a session id or `user`) on spans: off unless asked
+    record_routing_keys: bool = False
+
+    @classmethod
+    def parse(cls, r: _Reader) -> TracingSettings:
+        ratio = r.check("sample_ratio", None, "a number in [0, 1] or null",
+                        lambda v: v is None or (isinstance(v, int | float)
+                                                and not isinstance(v, bool) and 0 <= v <= 1))
+        return cls(enabled=r.boolean("enabled", cls.enabled),
+                   endpoint=r.check("endpoint", None, "an http(s) URL or null",
+                                    lambda v: v is None or _endpoint_ok(v)),
+                   service_name=r.opt_string("service_name"),
+                   sample_ratio=None if ratio is None else float(ratio),
+                   record_routing_keys=r.boolean("record_routing_keys", cls.record_routing_keys))
+
+
+DEFAULT_SERVICE_NAME = "prefix-router"
+
+
+def _endpoint_ok(v: object) -> bool:
+    if not isinstance(v, str):
+        return False
+    parts = urlsplit(v)
+    _ = parts.port  # raises ValueError on a malformed port
+    return parts.scheme in SCHEMES and bool(parts.hostname)
+
+
 _SECTIONS: dict[str, Any] = {
     "listen": Listen, "discovery": DiscoverySettings, "routing": RoutingSettings,
     "health": HealthSettings, "scrape": ScrapeSettings, "proxy": ProxySettings,
     "limits": LimitsSettings, "auth": AuthSettings, "admin": AdminSettings,
-    "logging": LoggingSettings, "shutdown": ShutdownSettings,
+    "logging": LoggingSettings, "shutdown": ShutdownSettings, "tracing": TracingSettings,
 }
 
 
@@ -471,6 +532,7 @@ class Settings:
     admin: AdminSettings = field(default_factory=AdminSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     shutdown: ShutdownSettings = field(default_factory=ShutdownSettings)
+    tracing: TracingSettings = field(default_factory=TracingSettings)
 
     @classmethod
     def from_dict(cls, data: object) -> Settings:
@@ -519,6 +581,18 @@ class Settings:
         """Cross-section checks that only matter when serving (not when rendering configs)."""
         if self.discovery.type == "static" and not self.replicas:
             raise SettingsError("replicas: static discovery needs at least one replica, got []")
+        if self.tracing.enabled and not _otel_installed():
+            raise SettingsError("tracing.enabled: true needs the otel extra "
+                                "(pip install 'prefix-router[otel]'), got True")
+
+
+def _otel_installed() -> bool:
+    """Whether the `otel` extra's packages can be imported (looked up, not imported)."""
+    try:
+        return all(importlib.util.find_spec(m) is not None for m in (
+            "opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"))
+    except ImportError:  # a parent package is missing
+        return False
 
 
 def parse_backend(text: str, index: int) -> dict[str, Any]:

@@ -18,7 +18,8 @@ from tests.deploy.kustomize import render as _render
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-TREES = ["base", "examples/vllm", "examples/monitoring"]
+TREES = ["base", "examples/vllm", "examples/monitoring", "examples/multi-model",
+         "examples/tracing"]
 K8S_VERSION = "1.32.0"
 
 
@@ -179,6 +180,41 @@ def test_example_wires_router_to_the_vllm_statefulset(example: list[dict[str, An
     assert re.search(r"#\s*-\s*--kv-events-config", text)  # commented, for later
 
 
+def test_multi_model_example_has_one_service_per_model_and_the_router_selects_them() -> None:
+    objs = render(DEPLOY / "examples/multi-model")
+    _, settings = router_config(objs)
+    k8s = settings.discovery.kubernetes
+    assert k8s.selector is not None
+    wanted = dict(part.split("=", 1) for part in k8s.selector.split(","))
+    services = [o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] != "prefix-router"]
+    sets = {o["spec"]["serviceName"]: o for o in objs if o["kind"] == "StatefulSet"}
+    models = set()
+    for svc in services:
+        labels = svc["metadata"]["labels"]
+        assert all(labels.get(k) == v for k, v in wanted.items())  # its slices are discovered
+        assert svc["spec"]["clusterIP"] == "None"
+        sts = sets[svc["metadata"]["name"]]
+        pod = sts["spec"]["template"]
+        assert all(pod["metadata"]["labels"].get(k) == v
+                   for k, v in svc["spec"]["selector"].items())
+        (c,) = pod["spec"]["containers"]
+        served = [a.split("=", 1)[1] for a in c["args"] if a.startswith("--served-model-name=")]
+        # the Service's model label is what those pods answer to, and a valid label value
+        assert served == [labels["prefix-router.io/model"]]
+        assert re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?", served[0])
+        models.add(served[0])
+        # every other model's pods are out of this Service's selector
+        others = [s for name, s in sets.items() if name != svc["metadata"]["name"]]
+        assert not any(all(o["spec"]["template"]["metadata"]["labels"].get(k) == v
+                           for k, v in svc["spec"]["selector"].items()) for o in others)
+    assert len(models) == len(services) == 2
+    egress = find(objs, "NetworkPolicy", "prefix-router")["spec"]["egress"]
+    rule = next(r for r in egress if "to" in r and "podSelector" in r["to"][0])
+    assert all(all(s["spec"]["template"]["metadata"]["labels"].get(k) == v
+                   for k, v in rule["to"][0]["podSelector"]["matchLabels"].items())
+               for s in sets.values())
+
+
 def test_servicemonitor_only_in_the_monitoring_component() -> None:
     assert not [o for o in render(DEPLOY / "base") if o["kind"] == "ServiceMonitor"]
     assert not [o for o in render(DEPLOY / "examples/vllm") if o["kind"] == "ServiceMonitor"]
@@ -189,3 +225,49 @@ def test_servicemonitor_only_in_the_monitoring_component() -> None:
     assert sm["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert sm["spec"]["endpoints"][0]["port"] in [p["name"] for p in service["spec"]["ports"]]
     assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+def test_tracing_example_wires_router_and_vllm_to_the_collector() -> None:
+    objs = render(DEPLOY / "examples/tracing")
+    _, settings = router_config(objs)
+    assert settings.tracing.enabled and not settings.tracing.record_routing_keys
+    collector = yaml.safe_load(find(objs, "ConfigMap", "otel-collector-config")["data"]
+                               ["config.yaml"])
+    # every component a pipeline names is defined; the traces pipeline batches
+    pipeline = collector["service"]["pipelines"]["traces"]
+    for kind in ("receivers", "processors", "exporters"):
+        assert pipeline[kind] and set(pipeline[kind]) <= set(collector[kind]), kind
+    assert "batch" in pipeline["processors"] and pipeline["processors"][0] == "memory_limiter"
+    assert {e.split("/")[0] for e in pipeline["exporters"]} <= {"otlp", "otlphttp"}
+    assert collector["exporters"]["otlphttp/langfuse"]["endpoint"].endswith("/api/public/otel")
+    assert set(collector["service"]["extensions"]) <= set(collector["extensions"])
+    protocols = collector["receivers"]["otlp"]["protocols"]
+    ports = {name: int(p["endpoint"].rsplit(":", 1)[1]) for name, p in protocols.items()}
+
+    # the router's endpoint is the collector Service's OTLP/HTTP port, and its path
+    service = find(objs, "Service", "otel-collector")
+    ns = service["metadata"]["namespace"]
+    assert settings.tracing.endpoint == f"http://otel-collector.{ns}.svc:{ports['http']}/v1/traces"
+    svc_ports = {p["port"]: p["targetPort"] for p in service["spec"]["ports"]}
+    pod = find(objs, "Deployment", "otel-collector")["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    named = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert named[svc_ports[ports["http"]]] == ports["http"]
+    assert named[svc_ports[ports["grpc"]]] == ports["grpc"]
+    assert all(pod["metadata"]["labels"].get(k) == v
+               for k, v in service["spec"]["selector"].items())
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "config")
+    assert f"--config={mount['mountPath']}/config.yaml" in c["args"]
+    health = int(collector["extensions"]["health_check"]["endpoint"].rsplit(":", 1)[1])
+    assert named[c["readinessProbe"]["httpGet"]["port"]] == health
+
+    # vLLM exports (gRPC, its default protocol) to the same collector
+    (vllm,) = find(objs, "StatefulSet", "vllm")["spec"]["template"]["spec"]["containers"]
+    assert f"--otlp-traces-endpoint=http://otel-collector.{ns}.svc:{ports['grpc']}" in \
+        vllm["args"]
+    assert "--enable-prefix-caching" in vllm["args"]  # the vllm example's args are kept
+    # and the router's NetworkPolicy lets its spans out
+    egress = find(objs, "NetworkPolicy", "prefix-router")["spec"]["egress"]
+    rule = next(r for r in egress if "to" in r and r["to"][0].get("podSelector", {}).get(
+        "matchLabels") == {"app.kubernetes.io/name": "otel-collector"})
+    assert rule["ports"] == [{"port": ports["http"], "protocol": "TCP"}]

@@ -77,7 +77,7 @@ def test_spreading_respects_the_cap_and_needs_a_known_preamble() -> None:
 
 
 def test_never_moves_to_a_replica_at_its_cap_or_unavailable() -> None:
-    aff = PromptAffinity(LoadBound(1.25))
+    aff = PromptAffinity(LoadBound(1.25, 0))
     aff.apply(key((1, 2, 3, 4)), decided("r2"), states())
     busy = states({"r2": 10, "r0": 1, "r1": 1, "r3": 1})   # cap ceil(1.25 * 14 / 4) = 5
     assert aff.apply(key((1, 2, 3, 4, 5)), decided("r1"), busy).replica == "r1"
@@ -88,14 +88,14 @@ def test_never_moves_to_a_replica_at_its_cap_or_unavailable() -> None:
 
 
 def test_the_table_is_bounded() -> None:
-    aff = PromptAffinity(LoadBound(1.25), size=10)
+    aff = PromptAffinity(LoadBound(1.25, 0), size=10)
     for i in range(50):
         aff.apply(key((i * 10 + 1, i * 10 + 2, i * 10 + 3)), decided(NAMES[i % 4]), states())
     assert len(aff._where) == 10
 
 
 def test_requests_without_chunks_pass_through() -> None:
-    aff = Affinities(LoadBound(1.25))
+    aff = Affinities(LoadBound(1.25, 0))
     d = decided("r1")
     assert aff.apply(RoutingKey("k", None, KeySource.PREFIX, 100), d, states()) is d
 

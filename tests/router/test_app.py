@@ -59,9 +59,9 @@ def test_bad_requests_are_400(fake_fleet: Any, router_server: Any, path: str, bo
 
 
 @pytest.mark.parametrize(("path", "body"), [
-    ("/v1/completions", {"model": "m", "prompt": "Once upon a time"}),
-    ("/v1/completions", {"model": "m", "prompt": [1, 2, 3]}),
-    ("/v1/embeddings", {"model": "m", "input": ["a", "b"]}),
+    ("/v1/completions", {"model": "fake-model", "prompt": "Once upon a time"}),
+    ("/v1/completions", {"model": "fake-model", "prompt": [1, 2, 3]}),
+    ("/v1/embeddings", {"model": "fake-model", "input": ["a", "b"]}),
     ("/v1/chat/completions", CHAT),
 ])
 def test_valid_requests_reach_a_replica(fake_fleet: Any, router_server: Any, path: str,
@@ -249,7 +249,7 @@ def test_conversation_affinity_keeps_a_turn_on_its_replica_under_the_cap() -> No
     from router.replicas import ReplicaState
 
     states = [ReplicaState(f"r{i}", f"http://h:{i}") for i in range(4)]
-    aff = ConversationAffinity(LoadBound(1.25), size=2)
+    aff = ConversationAffinity(LoadBound(1.25, 0), size=2)
     key = RoutingKey("prefix-hash", "conv-1", KeySource.PREFIX)
     spill_r2 = Decision("r2", Branch.SPILL, ("r2", "r0", "r1", "r3"), "r0")
     home_r0 = Decision("r0", Branch.HOME, ("r0", "r1", "r2", "r3"), "r0")

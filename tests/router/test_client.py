@@ -64,7 +64,7 @@ def test_config_threshold_is_honoured() -> None:
 
 def test_header_from_client_routes_like_the_body() -> None:
     rs = ReplicaSet(Endpoint(f"r{i}", f"http://127.0.0.1:{8200 + i}") for i in range(5))
-    policy = make_policy("prefix")
+    policy = make_policy("prefix", 1.25, 0)
     headers = prefix_headers(BODY)
     # The client sends only a short body (e.g. it hides the system prompt) plus the header.
     via_header = derive("/v1/chat/completions", headers, {"model": "qwen", "messages": []})

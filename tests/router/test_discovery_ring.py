@@ -18,7 +18,7 @@ KEYS = [RoutingKey(prefix=f"system prompt #{i}", conversation=None, source=KeySo
 
 def routes(endpoints: list[Endpoint], ring: str = "xxhash") -> list[str]:
     replicas = ReplicaSet(endpoints, ring_kind=ring)
-    policy = make_policy("prefix")
+    policy = make_policy("prefix", 1.25, 0)
     out = []
     for seq, key in enumerate(KEYS):
         decision = policy.choose(key, replicas.states(), replicas.ring, seq)

@@ -43,8 +43,8 @@ def test_scorers_are_in_unit_range() -> None:
 
 
 def test_queued_work_prices_prefill_decode_others_and_kv_pressure() -> None:
-    r = ReplicaState("a", "http://a", in_flight=2, pending_prefill=500.0, unstarted=1,
-                     waiting=3.0)
+    r = ReplicaState("a", "http://a", in_flight=2, pending_prefill=500.0, unstarted=4,
+                     waiting=3.0, scraped_unstarted=1)
     # 500 pending + 32 decode x max(2 ours, 3 scraped) + (3 waiting - 1 of ours) x 100 prefill
     assert queued_work(r, 1000, 32.0, 100.0, 0.9) == 500 + 96 + 200
     r.kv_usage = 0.95  # half-way between kv_high and full: half a prompt more

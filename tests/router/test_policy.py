@@ -74,7 +74,7 @@ def test_branch_label_on_an_idle_fleet(
     source: KeySource, prefix: str | None, conversation: str | None, branch: Branch
 ) -> None:
     rs = fleet()
-    d = choose(BoundedLoadPrefixPolicy(), RoutingKey(prefix, conversation, source), rs)
+    d = choose(BoundedLoadPrefixPolicy(1.25, 0), RoutingKey(prefix, conversation, source), rs)
     assert d.branch is branch
     ring_key = prefix or conversation
     if ring_key is not None:
@@ -84,13 +84,13 @@ def test_branch_label_on_an_idle_fleet(
 
 
 def test_idle_fleet_sends_every_conversation_of_a_prefix_home() -> None:
-    rs, policy = fleet(), BoundedLoadPrefixPolicy()
+    rs, policy = fleet(), BoundedLoadPrefixPolicy(1.25, 0)
     homes = {choose(policy, prefix_key(PREFIX, f"c{i}"), rs).replica for i in range(50)}
     assert homes == {next(rs.ring.walk(PREFIX))}
 
 
 def test_spill_without_conversation_walks_the_ring() -> None:
-    rs, policy = fleet(), BoundedLoadPrefixPolicy()
+    rs, policy = fleet(), BoundedLoadPrefixPolicy(1.25, 0)
     walk = list(rs.ring.walk(PREFIX))
     home = rs.get(walk[0])
     assert home is not None
@@ -101,7 +101,7 @@ def test_spill_without_conversation_walks_the_ring() -> None:
 
 
 def test_spill_of_a_first_turn_walks_the_ring_but_a_sticky_conversation_uses_rendezvous() -> None:
-    rs, policy = fleet(8), BoundedLoadPrefixPolicy(spill_width=3)
+    rs, policy = fleet(8), BoundedLoadPrefixPolicy(1.25, 0, spill_width=3)
     walk = list(rs.ring.walk(PREFIX))
     home = rs.get(walk[0])
     assert home is not None
@@ -116,7 +116,7 @@ def test_spill_of_a_first_turn_walks_the_ring_but_a_sticky_conversation_uses_ren
 
 
 def test_scraped_queue_counts_as_load() -> None:
-    rs, policy = fleet(), BoundedLoadPrefixPolicy()
+    rs, policy = fleet(), BoundedLoadPrefixPolicy(1.25, 0)
     walk = list(rs.ring.walk(PREFIX))
     home = rs.get(walk[0])
     assert home is not None
@@ -125,7 +125,7 @@ def test_scraped_queue_counts_as_load() -> None:
 
 
 def test_hot_prefix_spreads_under_the_cap_and_conversations_stick() -> None:
-    rs, policy = fleet(4), BoundedLoadPrefixPolicy(load_factor=1.25)
+    rs, policy = fleet(4), BoundedLoadPrefixPolicy(1.25, 0)
     conversations = [f"conv-{i}" for i in range(200)]
     placed: dict[str, str] = {}
     branches: Counter[Branch] = Counter()
@@ -161,7 +161,7 @@ def test_hot_prefix_spreads_under_the_cap_and_conversations_stick() -> None:
 
 
 def test_cap_is_never_exceeded_while_placing_many_hot_prefixes() -> None:
-    rs, policy = fleet(5), BoundedLoadPrefixPolicy(load_factor=1.1)
+    rs, policy = fleet(5), BoundedLoadPrefixPolicy(1.1, 0)
     rng = random.Random(5)
     hot = [f"{rng.getrandbits(64):016x}" for _ in range(3)]
     for i in range(400):
@@ -208,7 +208,7 @@ def test_bounded_load_holds_whenever_a_replica_is_under_cap(
             draining,
         )
     available = [s for s in rs.states() if s.available]
-    d = BoundedLoadPrefixPolicy(load_factor).choose(
+    d = BoundedLoadPrefixPolicy(load_factor, 0).choose(
         prefix_key(prefix, conversation), rs.states(), rs.ring, 0
     )
     if not available:
@@ -232,7 +232,7 @@ def test_bounded_load_holds_whenever_a_replica_is_under_cap(
 
 @pytest.mark.parametrize("flag", ["healthy", "draining"])
 def test_unavailable_home_is_skipped_and_never_a_candidate(flag: str) -> None:
-    rs, policy = fleet(), BoundedLoadPrefixPolicy()
+    rs, policy = fleet(), BoundedLoadPrefixPolicy(1.25, 0)
     walk = list(rs.ring.walk(PREFIX))
     home = rs.get(walk[0])
     assert home is not None
@@ -243,7 +243,7 @@ def test_unavailable_home_is_skipped_and_never_a_candidate(flag: str) -> None:
 
 
 def test_unavailable_replica_moves_only_its_own_keys() -> None:
-    rs, policy = fleet(6), BoundedLoadPrefixPolicy()
+    rs, policy = fleet(6), BoundedLoadPrefixPolicy(1.25, 0)
     keys = [f"{i:032x}" for i in range(600)]
     before = {k: choose(policy, prefix_key(k), rs).replica for k in keys}
     down = rs.get("r2")
@@ -258,7 +258,7 @@ def test_no_available_replica_gives_none() -> None:
     for s in rs.states():
         s.healthy = False
     key = prefix_key(PREFIX)
-    assert BoundedLoadPrefixPolicy().choose(key, rs.states(), rs.ring, 0) is None
+    assert BoundedLoadPrefixPolicy(1.25, 0).choose(key, rs.states(), rs.ring, 0) is None
     assert RoundRobinPolicy().choose(key, rs.states(), rs.ring, 0) is None
     assert LeastLoadedPolicy().choose(key, rs.states(), rs.ring, 0) is None
 
@@ -274,7 +274,7 @@ def test_independent_replica_sets_make_identical_decisions() -> None:
             state = rs.get(name)
             assert state is not None
             state.in_flight = 40
-    policy = make_policy("prefix")
+    policy = make_policy("prefix", 1.25, 0)
     for i in range(1000):
         key = prefix_key(f"{rng.getrandbits(128):032x}", f"c{i % 37}")
         assert policy.choose(key, a.states(), a.ring, i) == policy.choose(
@@ -310,19 +310,19 @@ def test_least_loaded_picks_min_load_ties_in_ring_order() -> None:
 def test_least_loaded_without_key_ties_by_name() -> None:
     rs = fleet(4)
     none = RoutingKey(None, None, KeySource.NONE)
-    for policy in (LeastLoadedPolicy(), BoundedLoadPrefixPolicy()):
+    for policy in (LeastLoadedPolicy(), BoundedLoadPrefixPolicy(1.25, 0)):
         d = policy.choose(none, rs.states(), rs.ring, 0)
         assert d is not None and (d.replica, d.branch) == ("r0", Branch.LEAST_LOADED)
 
 
 def test_make_policy_by_name() -> None:
-    assert make_policy("prefix", 1.5).name == "prefix"
-    assert make_policy("round_robin").name == "round_robin"
-    assert make_policy("least_loaded").name == "least_loaded"
+    assert make_policy("prefix", 1.5, 0).name == "prefix"
+    assert make_policy("round_robin", 1.25, 0).name == "round_robin"
+    assert make_policy("least_loaded", 1.25, 0).name == "least_loaded"
     with pytest.raises(ValueError, match="policy"):
-        make_policy("random")
+        make_policy("random", 1.25, 0)
     with pytest.raises(ValueError, match="load_factor"):
-        make_policy("prefix", 0.9)
+        make_policy("prefix", 0.9, 0)
 
 
 def test_public_names_and_labels_are_pinned() -> None:
@@ -333,6 +333,7 @@ def test_public_names_and_labels_are_pinned() -> None:
     assert [b.value for b in Branch] == [
         "home", "spill", "override", "conversation", "fallback", "round_robin", "least_loaded",
         "cache_hit",
+        "lora_affinity",
     ]  # fmt: skip
     assert [s.value for s in KeySource] == ["header", "prefix", "conversation", "none"]
     assert sorted(keys.__all__) == [
@@ -345,7 +346,8 @@ def test_public_names_and_labels_are_pinned() -> None:
         "POLICIES", "Policy", "RoundRobinPolicy", "load_cap", "make_policy", "moved_decision",
     ]  # fmt: skip
     assert sorted(replicas.__all__) == ["EndpointLike", "ReplicaSet", "ReplicaState", "address_of"]
-    assert sorted(client.__all__) == ["hash_key", "prefix_headers"]
+    assert sorted(client.__all__) == ["MODEL_HEADER", "hash_key", "prefix_headers",
+                                      "routing_headers"]
     for module in (client, keys, policy, replicas, ring):
         assert all(hasattr(module, name) for name in module.__all__)
 
@@ -373,7 +375,7 @@ def test_load_cap_floor() -> None:
 
 def test_load_floor_keeps_low_load_traffic_home_and_still_bounds_high_load() -> None:
     rs = fleet(4)
-    pure, floored = BoundedLoadPrefixPolicy(), BoundedLoadPrefixPolicy(load_floor=4)
+    pure, floored = BoundedLoadPrefixPolicy(1.25, 0), BoundedLoadPrefixPolicy(1.25, 4)
     walk = list(rs.ring.walk(PREFIX))
     home = rs.get(walk[0])
     assert home is not None
@@ -387,4 +389,4 @@ def test_load_floor_keeps_low_load_traffic_home_and_still_bounds_high_load() -> 
     home.in_flight = 60  # high load: ceil(1.25 * 181 / 4) = 57 < 60, the floor is irrelevant
     assert choose(floored, prefix_key(PREFIX), rs).branch is Branch.SPILL
     with pytest.raises(ValueError):
-        BoundedLoadPrefixPolicy(load_floor=-1)
+        BoundedLoadPrefixPolicy(1.25, -1)

@@ -25,7 +25,7 @@ MODULES = sorted(m.name for m in pkgutil.walk_packages(router.__path__, "router.
 PINNED: dict[str, list[str]] = {
     "router.accesslog": ["AccessLog", "AccessRecord", "CLIENT_CLOSED", "PIPE_BUF", "encode"],
     "router.affinity": ["Affinities", "ConversationAffinity", "PromptAffinity"],
-    "router.app": ["RouterApp", "app_factory", "create_app"],
+    "router.app": ["RouterApp", "app_factory", "create_app", "start_tracing"],
     "router.auth": ["ClientAuth", "bearer_token", "upstream_authorization"],
     "router.body": ["ClientGone", "PROMPT_FIELDS", "read_body", "validate_body"],
     "router.cli": [
@@ -43,23 +43,23 @@ PINNED: dict[str, list[str]] = {
         "DnsDiscovery", "Resolver", "ReverseResolver", "resolve_addresses", "reverse_name"
     ],
     "router.discovery.endpointslices": [
-        "SERVICE_NAME_LABEL", "endpoint_name", "merge_slices", "select_port", "slice_endpoints"
+        "MODEL_LABEL", "SERVICE_NAME_LABEL", "endpoint_name", "merge_slices", "select_port",
+        "slice_endpoints"
     ],
     "router.discovery.kubernetes": [
         "KubernetesDiscovery", "ResourceVersionGone", "SliceState", "WatchError"
     ],
     "router.discovery.static": ["StaticDiscovery"],
     "router.errors": [
-        "HeaderFieldsTooLarge", "InvalidRequest", "NoReplicaAvailable", "NotFound",
-        "PayloadTooLarge", "RequestTimeout", "RouterError", "StreamCancelled",
-        "TooManyConnections", "TooManyRequests", "Unauthorized", "UpstreamConnectError",
-        "UpstreamError", "UpstreamTimeout", "UriTooLong", "error_body", "raw_response",
-        "sse_error_event", "translate_upstream"
+        "HeaderFieldsTooLarge", "InvalidRequest", "ModelNotFound", "NoReplicaAvailable", "NotFound",
+        "PayloadTooLarge", "RequestTimeout", "RouterError", "StreamCancelled", "TooManyConnections",
+        "TooManyRequests", "Unauthorized", "UpstreamConnectError", "UpstreamError", "UpstreamTimeout",
+        "UriTooLong", "error_body", "raw_response", "sse_error_event", "translate_upstream"
     ],
     "router.chunks": ["Chunks", "MAX_CHUNKS", "MESSAGE_TOKENS", "NO_CHUNKS", "request_chunks"],
     "router.health": [
-        "CACHE_CONFIG", "HealthMonitor", "KV_USAGE", "RUNNING", "Replica", "Replicas", "VllmLoad",
-        "WAITING", "kv_capacity_tokens", "parse_vllm_metrics"
+        "CACHE_CONFIG", "HealthMonitor", "KV_USAGE", "LoraInfo", "RUNNING", "Replica", "Replicas",
+        "VllmLoad", "WAITING", "kv_capacity_tokens", "parse_lora_info", "parse_vllm_metrics"
     ],
     "router.limits": [
         "ConnectionGuard", "HTTP_PROTOCOL", "LINGER", "LimitedHttpToolsProtocol", "Rejection",
@@ -68,8 +68,13 @@ PINNED: dict[str, list[str]] = {
     "router.metrics": [
         "DURATION_BUCKETS", "DistinctKeys", "REPLICA_STATES", "RouterMetrics", "TTFB_BUCKETS"
     ],
+    "router.models": [
+        "Pool", "PoolStatus", "ServedModels", "UNKNOWN", "catalog", "lora_affinity",
+        "select_pool", "served_models"
+    ],
     "router.nginx_config": [
-        "NginxOptions", "TEMPLATE_PATH", "UpstreamServer", "render", "render_config"
+        "ModelPool", "NginxOptions", "TEMPLATE_PATH", "UpstreamServer", "model_pools", "render",
+        "render_config"
     ],
     "router.pipeline": [
         "Candidate", "Filter", "Pipeline", "RequestView", "Scorer", "bounded_load", "cache_score",
@@ -77,8 +82,8 @@ PINNED: dict[str, list[str]] = {
     ],
     "router.prefix_index": ["ApproxIndex", "InFlight", "PrefixIndex", "match_holders"],
     "router.proxy": [
-        "Attempts", "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog", "REPLICA_HEADER",
-        "RETRY_STATUSES", "Upstream", "make_session", "strip_hop_by_hop"
+        "AttemptTrace", "Attempts", "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog",
+        "REPLICA_HEADER", "RETRY_STATUSES", "Upstream", "make_session", "strip_hop_by_hop"
     ],
     "router.ring.base": ["Ring", "RingMember", "distinct_owners"],
     "router.ring.hashring": ["HashRing", "ORDER_CACHE_SIZE"],
@@ -87,12 +92,14 @@ PINNED: dict[str, list[str]] = {
     ],
     "router.routing": ["Routed", "Router"],
     "router.settings": [
-        "AdminSettings", "AuthSettings", "DISCOVERY_TYPES", "DiscoverySettings", "DnsDiscovery",
-        "HealthSettings", "KubernetesDiscovery", "LOG_LEVELS", "LimitsSettings", "Listen",
-        "LoggingSettings", "POLICIES", "ProxySettings", "RINGS", "ReplicaSpec", "RoutingSettings", "SCHEMES",
-        "SETTINGS_ENV", "ScrapeSettings", "Settings", "SettingsError", "ShutdownSettings",
-        "load_settings", "parse_backend", "parse_size", "settings_from_env", "write_settings_file"
+        "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
+        "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery",
+        "LOG_LEVELS", "LimitsSettings", "Listen", "LoggingSettings", "POLICIES", "ProxySettings",
+        "RINGS", "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV", "ScrapeSettings",
+        "Settings", "SettingsError", "ShutdownSettings", "TracingSettings", "load_settings",
+        "parse_backend", "parse_size", "settings_from_env", "write_settings_file"
     ],
+    "router.tracing": ["ATTRIBUTES", "RequestTrace", "Tracing", "operation_name"],
     "router.usage": ["TAIL_BYTES", "Usage", "UsageTap", "parse_usage"],
 }  # fmt: skip
 
