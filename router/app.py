@@ -51,6 +51,7 @@ from router.errors import (
     ModelNotFound,
     NoReplicaAvailable,
     NotFound,
+    RequestTimeout,
     RouterError,
     TooManyRequests,
     UpstreamError,
@@ -258,8 +259,10 @@ class RouterApp:
             await self._answer_error(send, err)
         except ClientGone:
             record.status = CLIENT_CLOSED
-            # a limits.* deadline ended the body: the guard answered 408 and wrote the line
             record.limit = refused_by(scope)
+            if record.limit is not None:
+                # a limits.* deadline ended the body: the guard answered it (and logs the line)
+                record.status = RequestTimeout.status
         finally:
             if counted:
                 self._open -= 1
