@@ -53,6 +53,15 @@ __all__ = ["Routed", "Router"]
 _EMA = 0.05  # weight of one request in the running mean of predicted prefill tokens
 
 
+def _first_turn(body: Mapping[str, Any] | None) -> bool:
+    """A chat request without assistant or tool turns: a conversation's first."""
+    messages = body.get("messages") if isinstance(body, Mapping) else None
+    if not isinstance(messages, list):
+        return False
+    return not any(isinstance(m, Mapping) and m.get("role") in ("assistant", "tool")
+                   for m in messages)
+
+
 def _novel_key(chunks: Chunks, known: int) -> str | None:
     """The hash of the first chunk past ``known`` tokens, as a ring key."""
     for h, t in zip(chunks.hashes, chunks.tokens, strict=True):
@@ -144,6 +153,9 @@ class Router:
             if isinstance(self.policy, BoundedLoadPrefixPolicy):
                 self.affinity = Affinities(self.policy.bound, prompt=settings.prompt_affinity)
         self.in_flight = InFlight()
+        # the cache score of a conversation's first turn, relative to a later turn's
+        self._first_factor = (settings.first_turn_cache_weight / settings.cache_weight
+                              if settings.cache_weight else 1.0)
         self._capacity: dict[str, int] = {}
         self._mean_prefill = 0.0
 
@@ -198,7 +210,8 @@ class Router:
                                 queued_work(r, prompt, s.decode_tokens, mean, s.kv_high),
                                 rank.get(r.name, fleet))
                       for r in available]
-        decision = self.pipeline.pick(RequestView(key, prompt, cold_key is not None),
+        factor = self._first_factor if _first_turn(body) else 1.0
+        decision = self.pipeline.pick(RequestView(key, prompt, cold_key is not None, factor),
                                       candidates)
         if decision is None:
             return None

@@ -248,6 +248,7 @@ class RoutingSettings:
     prompt_affinity: bool = True
     # cache_aware (router/pipeline.py): scorer weights, the cost model, the prefix index
     cache_weight: float = 4.0
+    first_turn_cache_weight: float = 1.0
     load_weight: float = 1.0
     home_weight: float = 0.1
     decode_tokens: float = 32.0
@@ -273,6 +274,8 @@ class RoutingSettings:
                 session_header=r.string("session_header", cls.session_header),
                 prompt_affinity=r.boolean("prompt_affinity", cls.prompt_affinity),
                 cache_weight=r.number("cache_weight", cls.cache_weight, ge=0),
+                first_turn_cache_weight=r.number("first_turn_cache_weight",
+                                                 cls.first_turn_cache_weight, ge=0),
                 load_weight=r.number("load_weight", cls.load_weight, ge=0),
                 home_weight=r.number("home_weight", cls.home_weight, ge=0),
                 decode_tokens=r.number("decode_tokens", cls.decode_tokens, ge=0),

@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from router.chunks import request_chunks  # noqa: E402
-from router.prefix_index import ApproxIndex  # noqa: E402
-from router.settings import RoutingSettings  # noqa: E402
+from router.chunks import request_chunks
+from router.prefix_index import ApproxIndex
+from router.settings import RoutingSettings
 
 WORDS = "the of and to in is you that it for are as with be on not this but by from".split()
 

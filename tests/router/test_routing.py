@@ -115,3 +115,20 @@ def test_scraped_capacity_bounds_the_index() -> None:
     routed.started(r0)
     routed.served(r0, 200)
     assert 0 < r.index.used("r0") <= 300 < routed.prompt_tokens  # type: ignore[attr-defined]
+
+
+def test_first_turns_weigh_the_cached_preamble_less_than_later_turns() -> None:
+    r = router()
+    warm = r.route(CHAT, {}, body("q0"), 1)
+    assert warm is not None
+    holder = r.replicas.get(warm.decision.replica)
+    assert holder is not None
+    warm.started(holder)
+    warm.served(holder, 200)
+    warm.ended(holder)
+    holder.pending_prefill = 1.2 * warm.prompt_tokens  # queued work there: more than a cold copy
+    first = r.route(CHAT, {}, body("new conversation"), 2)
+    later = r.route(CHAT, {}, body("q0", "follow-up"), 3)
+    assert first is not None and later is not None
+    assert first.decision.replica != holder.name  # the preamble is copied once, elsewhere
+    assert (later.decision.replica, later.decision.branch) == (holder.name, Branch.CACHE_HIT)
