@@ -3,7 +3,7 @@
 Request path (plain ASGI, no middleware stack):
 
     /v1/*   auth -> in-flight cap (429) -> read body (413) -> validate (400) -> keys.derive ->
-            policy.choose -> conversation / prompt affinity -> proxy.Forwarder.forward (retry before
+            routing.Router.route -> proxy.Forwarder.forward (retry before
             first byte, relay, disconnect)
             GET /v1/models is answered here: union over available replicas, deduplicated by id
     /health 200 while the process runs        /ready 200 with >= 1 available replica, else 503
@@ -79,7 +79,6 @@ class RouterApp:
         self.replicas = ReplicaSet((), ring_kind=r.ring, vnodes=r.virtual_nodes)
         self.router = Router(r, self.replicas)
         self.policy = self.router.policy
-        self.affinity = self.router.affinity
         self.key_config = self.router.key_config
         self._key_headers = (self.key_config.key_header.encode(),
                              self.key_config.session_header.encode())

@@ -8,8 +8,8 @@
 2. policy ``cache_aware``: ``chunks.request_chunks`` over the whole request, the prefix index's
    predicted cached tokens per replica, the queued work per replica, then
    ``pipeline.Pipeline.pick`` (filter -> scorers -> picker);
-   policies ``prefix`` / ``round_robin`` / ``least_loaded``: ``policy.choose`` (and, for
-   ``prefix``, the per-process affinities of ``router.affinity``).
+   policies ``prefix`` / ``round_robin`` / ``least_loaded``: ``policy.choose`` alone (pure, no
+   state: ``prefix`` is the hash-only placement nginx reproduces).
 
 The returned `Routed` is the request's outcome recorder; the proxy (or the simulator) calls it
 as attempts happen (`router.proxy.Attempts`):
@@ -29,7 +29,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from router.affinity import Affinities
 from router.chunks import NO_CHUNKS, Chunks, request_chunks
 from router.keys import KeyConfig, KeySource, RoutingKey, derive, key_config
 from router.pipeline import (
@@ -42,7 +41,7 @@ from router.pipeline import (
     load_score,
     queued_work,
 )
-from router.policy import BoundedLoadPrefixPolicy, Decision, LoadBound, Policy, make_policy
+from router.policy import Decision, LoadBound, Policy, make_policy
 from router.prefix_index import ApproxIndex, InFlight, PrefixIndex
 from router.replicas import ReplicaSet, ReplicaState
 from router.settings import RoutingSettings
@@ -138,7 +137,6 @@ class Router:
                                if settings.policy == "cache_aware" else settings.load_floor)
         self.policy: Policy | None = None
         self.pipeline: Pipeline | None = None
-        self.affinity: Affinities | None = None
         self.index: PrefixIndex | None = None
         if settings.policy == "cache_aware":
             self.index = index or ApproxIndex(settings.kv_capacity_tokens,
@@ -150,8 +148,6 @@ class Router:
                 settings.min_match_tokens)
         else:
             self.policy = make_policy(settings.policy, settings.load_factor, settings.load_floor)
-            if isinstance(self.policy, BoundedLoadPrefixPolicy):
-                self.affinity = Affinities(self.policy.bound, prompt=settings.prompt_affinity)
         self.in_flight = InFlight()
         # the cache score of a conversation's first turn, relative to a later turn's
         self._first_factor = (settings.first_turn_cache_weight / settings.cache_weight
@@ -169,8 +165,6 @@ class Router:
             decision = self.policy.choose(key, states, self.replicas.ring, seq)
             if decision is None:
                 return None
-            if self.affinity is not None:
-                decision = self.affinity.apply(key, decision, states)
             return Routed(key, decision, NO_CHUNKS, {}, None, tap)
         s = self.settings
         chunks = request_chunks(path, body, s.chunk_chars, s.chars_per_token)
@@ -189,11 +183,12 @@ class Router:
         best = max(cached.values(), default=0)
         cold_key = key.ring_key
         scored = cached
-        if best < s.match_threshold * prompt and key.source is not KeySource.HEADER:
-            # mostly new content: a new conversation. Place it by its own identity (its
-            # first unknown chunk for a raw prompt), not onto whichever replica holds its
-            # preamble, so that conversations spread over the fleet's KV caches.
-            cold_key = key.conversation or _novel_key(chunks, best) or cold_key
+        if 0 < best < s.match_threshold * prompt and key.source is not KeySource.HEADER:
+            # a known preamble followed by mostly new content: a new conversation. Place it
+            # by its first unknown chunk (chained: unique to this conversation), not onto
+            # whichever replica holds the preamble, so conversations spread over the fleet's
+            # KV caches. Nothing known anywhere: the static prefix's home, as nginx would.
+            cold_key = _novel_key(chunks, best) or cold_key
             scored = {}
         rank: dict[str, int] = {}
         if cold_key is not None:

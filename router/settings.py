@@ -236,7 +236,7 @@ class DiscoverySettings:
 
 @dataclass(frozen=True)
 class RoutingSettings:
-    policy: str = "prefix"
+    policy: str = "cache_aware"
     ring: str = "xxhash"
     virtual_nodes: int = 160
     load_factor: float = 1.25
@@ -245,7 +245,7 @@ class RoutingSettings:
     max_prefix_chars: int = 65536
     key_header: str = "X-Prefix-Hash"
     session_header: str = "X-Session-ID"
-    prompt_affinity: bool = True
+    prompt_affinity: bool = True  # accepted, no effect: cache_aware supersedes the affinities
     # cache_aware (router/pipeline.py): scorer weights, the cost model, the prefix index
     cache_weight: float = 4.0
     first_turn_cache_weight: float = 1.0
