@@ -266,6 +266,11 @@ def _footer() -> list[str]:
         "The same comparison on two real vLLM (CPU) replicas serving a tiny random-weight Llama, "
         "caches emptied between setups, hit rate from vLLM's own counters: "
         "[benchmarks-vllm.md](benchmarks-vllm.md) (`make bench-vllm`).\n",
+        "## Several models and LoRA adapters\n",
+        "A mixed fleet (llama and qwen, two LoRA adapters of llama, one adapter slot per step): "
+        "model-aware routing against round-robin within each model's pool and a model-blind "
+        "consistent-hash nginx, with the 404 rate model-blind routing causes: "
+        "[benchmarks-models.md](benchmarks-models.md) (`python -m loadtest.bench_models`).\n",
         "## Reproduce\n",
         "```",
         "make bench                                   # this page and docs/img/bench-*.png",

@@ -243,13 +243,18 @@ def scale_arrivals(requests: Sequence[Request], rate: float) -> list[Request]:
 
 
 def prefix_hash_headers(requests: Sequence[Request], header: str) -> list[dict[str, str]]:
-    """The ``header: router.client.hash_key(body)`` each request carries (nginx deployments)."""
-    from router.client import hash_key
+    """The ``header: router.client.hash_key(body)`` each request carries (nginx deployments),
+    and ``X-Model`` (an nginx config with one upstream per model picks it by that header)."""
+    from router.client import MODEL_HEADER, hash_key
 
     out = []
     for r in requests:
         key = hash_key(r.body, r.path)
-        out.append({header: key} if key is not None else {})
+        headers = {header: key} if key is not None else {}
+        model = r.body.get("model")
+        if isinstance(model, str) and model:
+            headers[MODEL_HEADER] = model
+        out.append(headers)
     return out
 
 

@@ -36,8 +36,8 @@ from types import TracebackType
 from loadtest._net import free_port
 from loadtest.stats import parse_prometheus
 
-__all__ = ["VllmEnv", "VllmEnvMissing", "VllmFleet", "find_env", "parse_metrics",
-           "reset_prefix_cache"]
+__all__ = ["VllmEnv", "VllmEnvMissing", "VllmFleet", "find_env", "make_lora_adapter",
+           "parse_metrics", "reset_prefix_cache"]
 
 CACHE_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "prefix-router"
 ENV_VAR_VENV = "PREFIX_ROUTER_VLLM_ENV"
@@ -56,6 +56,16 @@ class VllmEnv:
     @property
     def vllm_bin(self) -> Path:
         return self.venv / "bin" / "vllm"
+
+
+def make_lora_adapter(env: VllmEnv, out: str | os.PathLike[str], rank: int = 8) -> Path:
+    """A random LoRA adapter for the env's tiny model in ``out`` (``scripts/make_tiny_lora.py``,
+    run by the env's own Python, which has torch), for ``--lora-modules NAME=out``."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "make_tiny_lora.py"
+    subprocess.run([str(env.venv / "bin" / "python"), str(script), "--model-dir",
+                    str(env.model_dir), "--out", str(out), "--rank", str(rank)],
+                   check=True, capture_output=True, timeout=300)
+    return Path(out)
 
 
 def find_env(venv: str | os.PathLike[str] | None = None,

@@ -1,8 +1,9 @@
 """One JSON line per proxied request, written to stdout in batches.
 
 Fields: method, path (without the query string), status, replica, branch, key_source, attempts,
-ttfb_ms, duration_ms, bytes_in, bytes_out, and `limit` on a line that a connection-level limit
-wrote (`router/limits.py`: the dotted setting that refused the request, e.g.
+ttfb_ms, duration_ms, bytes_in, bytes_out, model (the metric label: a served model's name or
+``unknown``, never the client's string as such), and `limit` on a line that a connection-level
+limit wrote (`router/limits.py`: the dotted setting that refused the request, e.g.
 `limits.header_timeout`; such a line has method and path `-` when the head was not complete).
 Never the body, prompt text, headers or tokens: the record type has no field that could hold
 them. Status 499 marks a client that went away.
@@ -48,6 +49,7 @@ class AccessRecord:
     duration_ms: float = 0.0
     bytes_in: int = 0
     bytes_out: int = 0
+    model: str = "unknown"
     limit: str | None = None
 
 
@@ -58,7 +60,7 @@ def encode(record: AccessRecord) -> str:
         "replica": record.replica, "branch": record.branch, "key_source": record.key_source,
         "attempts": record.attempts, "ttfb_ms": record.ttfb_ms,
         "duration_ms": record.duration_ms, "bytes_in": record.bytes_in,
-        "bytes_out": record.bytes_out}
+        "bytes_out": record.bytes_out, "model": record.model}
     if record.limit is not None:
         line["limit"] = record.limit
     return _ENCODER.encode(line)

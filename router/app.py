@@ -2,9 +2,11 @@
 
 Request path (plain ASGI, no middleware stack):
 
-    /v1/*   auth -> in-flight cap (429) -> read body (413) -> validate (400) -> keys.derive ->
-            routing.Router.route -> proxy.Forwarder.forward (retry before
-            first byte, relay, disconnect)
+    /v1/*   auth -> in-flight cap (429) -> read body (413) -> validate (400) -> model pool
+            (models.select_pool: 404 model_not_found / 503) -> routing.Router.route (key,
+            cache_aware pipeline or policy, LoRA affinity) -> proxy.Forwarder.forward (retry
+            before first byte, relay, disconnect); everything after the pool sees only its
+            replicas
             GET /v1/models is answered here: union over available replicas, deduplicated by id
     /health 200 while the process runs        /ready 200 with >= 1 available replica, else 503
     /metrics Prometheus text (on the admin listener instead when `admin.port` is set)
@@ -46,6 +48,7 @@ from router.auth import ClientAuth, upstream_authorization
 from router.body import PROMPT_FIELDS, ClientGone, read_body, validate_body
 from router.discovery import Discovery, make_discovery
 from router.errors import (
+    ModelNotFound,
     NoReplicaAvailable,
     NotFound,
     RouterError,
@@ -56,6 +59,7 @@ from router.errors import (
 from router.health import HealthMonitor
 from router.limits import ConnectionGuard, refused_by
 from router.metrics import RouterMetrics
+from router.models import PoolStatus, select_pool
 from router.policy import Branch
 from router.proxy import Forwarder, Upstream, make_session
 from router.replicas import EndpointLike, ReplicaSet
@@ -82,10 +86,13 @@ class RouterApp:
         self.key_config = self.router.key_config
         self._key_headers = (self.key_config.key_header.encode(),
                              self.key_config.session_header.encode())
-        self.health = HealthMonitor(settings.health, settings.scrape, self.replicas,
-                                    self.metrics, on_change=self._publish_states)
         self.auth = ClientAuth(settings.auth.client_keys(environ))
         self.upstream_auth = upstream_authorization(settings.auth.upstream_key(environ))
+        auth = self.upstream_auth
+        self.health = HealthMonitor(
+            settings.health, settings.scrape, self.replicas, self.metrics,
+            on_change=self._publish_states,
+            models_headers={auth[0].decode("latin-1"): auth[1].decode("latin-1")} if auth else None)
         self.discovery = discovery
         self.forwarder: Forwarder | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -213,7 +220,9 @@ class RouterApp:
         return True
 
     async def _answer_error(self, send: Send, err: RouterError) -> None:
-        self.metrics.reject(_REJECT_REASONS.get(err.status, "error"))
+        reason = "model_not_found" if isinstance(err, ModelNotFound) else _REJECT_REASONS.get(
+            err.status, "error")
+        self.metrics.reject(reason)
         await send_bytes(send, err.status, error_body(err), err.headers())
 
     async def _api(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -261,16 +270,27 @@ class RouterApp:
         key_hdr, session_hdr = self._key_headers
         key_headers = {n.decode("latin-1"): v.decode("latin-1") for n, v in headers
                        if n == key_hdr or n == session_hdr}
+        model = parsed.get("model") if parsed is not None else None
+        pool = select_pool(model, self.replicas.states())
+        record.model = pool.label
+        if pool.status is PoolStatus.NOT_FOUND:
+            raise ModelNotFound()
+        if pool.status is PoolStatus.PENDING:
+            raise NoReplicaAvailable("the model lists of some replicas are not known yet",
+                                     retry_after=self._retry_after())
+        if pool.status is PoolStatus.DOWN:
+            raise NoReplicaAvailable("no healthy replica serves the requested model",
+                                     retry_after=self._retry_after())
         self._seq += 1
         routed = self.router.route(path, key_headers, parsed, self._seq,
-                                   UsageTap() if parsed is not None else None)
+                                   UsageTap() if parsed is not None else None, pool)
         if routed is None:
             raise NoReplicaAvailable("no healthy replica", retry_after=self._retry_after())
         decision, key = routed.decision, routed.key
         record.branch = decision.branch.value
         record.key_source = key.source.value
         if decision.branch is Branch.SPILL:
-            self.metrics.spill(decision.replica)
+            self.metrics.spill(decision.replica, pool.label)
         ring_key = key.ring_key
         if ring_key is not None:
             self.metrics.observe_key(ring_key)

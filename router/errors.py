@@ -6,6 +6,7 @@ Tree:
       InvalidRequest        400      invalid JSON / shape / content type
       Unauthorized          401      missing or wrong bearer key
       NotFound              404      path outside /v1/* and the router's own routes
+        ModelNotFound       404      a model no replica serves (code model_not_found)
       RequestTimeout        408      head or body not received within its limits.* deadline
       PayloadTooLarge       413      body over proxy.max_body_bytes
       UriTooLong            414      request line over limits.max_request_line
@@ -39,10 +40,10 @@ from types import TracebackType
 import aiohttp
 
 __all__ = [
-    "HeaderFieldsTooLarge", "InvalidRequest", "NoReplicaAvailable", "NotFound", "PayloadTooLarge",
-    "RequestTimeout", "RouterError", "StreamCancelled", "TooManyConnections", "TooManyRequests",
-    "Unauthorized", "UpstreamConnectError", "UpstreamError", "UpstreamTimeout", "UriTooLong",
-    "error_body", "raw_response", "sse_error_event", "translate_upstream"
+    "HeaderFieldsTooLarge", "InvalidRequest", "ModelNotFound", "NoReplicaAvailable", "NotFound",
+    "PayloadTooLarge", "RequestTimeout", "RouterError", "StreamCancelled", "TooManyConnections",
+    "TooManyRequests", "Unauthorized", "UpstreamConnectError", "UpstreamError", "UpstreamTimeout",
+    "UriTooLong", "error_body", "raw_response", "sse_error_event", "translate_upstream"
 ]
 
 
@@ -86,6 +87,21 @@ class NotFound(RouterError):
     status = 404
     type = "invalid_request_error"
     code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    """A model no replica serves. The message names neither the model nor any replica."""
+
+    code = "model_not_found"
+
+    def __init__(self) -> None:
+        super().__init__("the model does not exist on any replica of this router; "
+                         "GET /v1/models lists the models served")
+
+    def payload(self) -> dict[str, object]:
+        body = super().payload()
+        body["error"]["param"] = "model"  # type: ignore[index]
+        return body
 
 
 class RequestTimeout(RouterError):

@@ -7,13 +7,20 @@ probed again after its backoff; a successful probe re-admits it, a failed one do
 (from `readmit_backoff` up to `readmit_backoff_max`). The backoff level is kept across a quick
 re-ejection (flapping) and only resets once the replica stayed admitted for `readmit_backoff_max`.
 
+Models: a probe that succeeded also reads the replica's `GET /v1/models` (with the upstream key)
+into `ReplicaState.models`/`parents` (`router.models.served_models`); a failed or malformed
+answer keeps the last known list. A list fixed by config or discovery keeps its names and gains
+only the adapters whose parent it names. A change calls `on_change`.
+
 Scrape: `GET /metrics` of each replica every `scrape.interval`; `vllm:num_requests_running` and
 `vllm:num_requests_waiting` are summed over label sets, `vllm:kv_cache_usage_perc` (or the older
 `vllm:gpu_cache_usage_perc`) takes the max over label sets so it stays a fraction, and the labels
 `num_gpu_blocks` x `block_size` of `vllm:cache_config_info` give the replica's KV capacity in
 tokens (the prefix index's bound for it). A failed scrape zeroes the scraped load so the policy
 falls back to this router's own in-flight count and keeps the last known capacity; it never
-ejects (a replica may run without metrics).
+ejects (a replica may run without metrics). `vllm:lora_requests_info` (`parse_lora_info`: the
+label set with the largest value, i.e. the latest, since vLLM never removes old ones) gives the
+adapters running and waiting there and `max_lora`.
 
 Loops are plain coroutines (`run_probes`, `run_scrapes`) that the app's lifespan starts and
 cancels; constructing a HealthMonitor starts nothing. Each tick costs one request per replica,
@@ -25,19 +32,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 import aiohttp
 
 from router.metrics import RouterMetrics
+from router.models import served_models
 from router.settings import HealthSettings, ScrapeSettings
 
 __all__ = [
-    "CACHE_CONFIG", "HealthMonitor", "KV_USAGE", "RUNNING", "Replica", "Replicas", "VllmLoad",
-    "WAITING", "kv_capacity_tokens", "parse_vllm_metrics"
+    "CACHE_CONFIG", "HealthMonitor", "KV_USAGE", "LoraInfo", "RUNNING", "Replica", "Replicas",
+    "VllmLoad", "WAITING", "kv_capacity_tokens", "parse_lora_info", "parse_vllm_metrics"
 ]
 
 log = logging.getLogger("prefix_router.health")
@@ -59,6 +68,12 @@ class Replica(Protocol):
     kv_capacity: int
     unstarted: int
     scraped_unstarted: int
+    models: frozenset[str] | None
+    parents: Mapping[str, str]
+    fixed_models: frozenset[str] | None
+    lora_running: frozenset[str]
+    lora_waiting: frozenset[str]
+    max_lora: int
 
 
 class Replicas(Protocol):
@@ -130,6 +145,47 @@ def parse_vllm_metrics(text: str) -> VllmLoad:
     return VllmLoad(running, waiting, kv, capacity)
 
 
+@dataclass(frozen=True)
+class LoraInfo:
+    running: frozenset[str]
+    waiting: frozenset[str]
+    max_lora: int
+
+
+_LORA_INFO = "vllm:lora_requests_info"
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def _names(value: str) -> frozenset[str]:
+    return frozenset(n for n in value.split(",") if n)
+
+
+def parse_lora_info(text: str) -> LoraInfo | None:
+    """The latest ``vllm:lora_requests_info`` label set (largest value); None when absent."""
+    if _LORA_INFO not in text:
+        return None
+    best: tuple[float, dict[str, str]] | None = None
+    for line in text.splitlines():
+        if not line.startswith(_LORA_INFO + "{"):
+            continue
+        close = line.rfind("}")
+        try:
+            value = float(line[close + 1:].split()[0])
+        except (IndexError, ValueError):
+            continue
+        if best is None or value > best[0]:
+            best = (value, dict(_LABEL.findall(line[len(_LORA_INFO) + 1:close])))
+    if best is None:
+        return None
+    labels = best[1]
+    try:
+        max_lora = max(0, int(labels.get("max_lora", "0")))
+    except ValueError:
+        max_lora = 0
+    return LoraInfo(_names(labels.get("running_lora_adapters", "")),
+                    _names(labels.get("waiting_lora_adapters", "")), max_lora)
+
+
 @dataclass
 class _Track:
     failures: int = 0
@@ -141,7 +197,8 @@ class _Track:
 class HealthMonitor:
     def __init__(self, health: HealthSettings, scrape: ScrapeSettings, replicas: Replicas,
                  metrics: RouterMetrics, on_change: Callable[[], None] = lambda: None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 models_headers: Mapping[str, str] | None = None) -> None:
         self.health = health
         self.scrape = scrape
         self.replicas = replicas
@@ -150,6 +207,7 @@ class HealthMonitor:
         self.clock = clock
         self._timeout = aiohttp.ClientTimeout(total=health.timeout)  # probes and scrapes
         self._track: dict[str, _Track] = {}
+        self._models_headers = dict(models_headers or {})
 
     def _get(self, name: str) -> _Track:
         t = self._track.get(name)
@@ -208,10 +266,37 @@ class HealthMonitor:
         except (aiohttp.ClientError, TimeoutError, OSError):
             return False
 
+    async def learn_models(self, session: aiohttp.ClientSession, replica: Replica) -> bool:
+        """Read ``/v1/models`` into the replica's model set; True if it changed."""
+        try:
+            async with session.get(replica.url + "/v1/models", allow_redirects=False,
+                                   headers=self._models_headers, timeout=self._timeout) as r:
+                if r.status != 200:
+                    return False
+                served = served_models(await r.json(content_type=None))
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            return False
+        if served is None:
+            return False
+        fixed = replica.fixed_models
+        names = served.names if fixed is None else fixed | {
+            a for a, base in served.parents.items() if base in fixed}
+        if names == replica.models and served.parents == replica.parents:
+            return False
+        replica.models, replica.parents = names, served.parents
+        return True
+
+    async def _probe_and_learn(self, session: aiohttp.ClientSession, replica: Replica) -> bool:
+        ok = await self.probe(session, replica)
+        if ok and await self.learn_models(session, replica):
+            log.info("replica %s serves %s", replica.name, ", ".join(sorted(replica.models or ())))
+            self.on_change()
+        return ok
+
     async def probe_once(self, session: aiohttp.ClientSession) -> None:
         now = self.clock()
         due = [r for r in self.replicas.states() if self.due(r, now)]
-        results = await asyncio.gather(*(self.probe(session, r) for r in due))
+        results = await asyncio.gather(*(self._probe_and_learn(session, r) for r in due))
         now = self.clock()
         for replica, ok in zip(due, results, strict=True):
             t = self._get(replica.name)
@@ -240,12 +325,21 @@ class HealthMonitor:
 
     async def scrape_one(self, session: aiohttp.ClientSession, replica: Replica) -> None:
         load = VllmLoad(0.0, 0.0, 0.0)
+        lora: LoraInfo | None = None
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError):
             async with session.get(replica.url + "/metrics", allow_redirects=False,
                                    timeout=self._timeout) as r:
                 if r.status == 200:
-                    load = parse_vllm_metrics(await r.text())
+                    text = await r.text()
+                    load = parse_vllm_metrics(text)
+                    lora = parse_lora_info(text)
         replica.running, replica.waiting = load.running, load.waiting
+        if lora is None:
+            replica.lora_running = replica.lora_waiting = frozenset()
+            replica.max_lora = 0
+        else:
+            replica.lora_running, replica.lora_waiting = lora.running, lora.waiting
+            replica.max_lora = lora.max_lora
         replica.kv_usage = load.kv_usage
         replica.scraped_unstarted = replica.unstarted
         if load.kv_capacity:  # a failed scrape keeps the last known capacity

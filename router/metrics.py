@@ -1,7 +1,9 @@
 """Every router metric, declared once, on a per-app CollectorRegistry (no global state).
 
 Names and labels are the public interface in docs/architecture.md. Label values are bounded:
-`replica` comes from membership, `branch` from the Branch enum, `status` is the HTTP status code,
+`replica` comes from membership, `model` from the models the membership serves (a name no
+replica lists is `unknown`, see `router.models`; never the client's string), `branch` from the
+Branch enum, `status` is the HTTP status code,
 `reason`/`state` are fixed vocabularies; routing keys and user ids never become labels. Hot-path
 label children are cached in dicts so a proxied request costs a few dict lookups, not a
 `labels()` call per metric.
@@ -99,13 +101,13 @@ class RouterMetrics:
         r = self.registry = CollectorRegistry(auto_describe=True)
         p = "prefix_router_"
         self.requests = Counter(p + "requests_total", "Proxied requests by replica, routing "
-                                "branch and final status code", ["replica", "branch", "status"],
-                                registry=r)
+                                "branch, final status code and model",
+                                ["replica", "branch", "status", "model"], registry=r)
         self.in_flight = Gauge(p + "in_flight", "Requests this router has open on a replica",
                                ["replica"], registry=r, multiprocess_mode="livesum")
         self.ttfb = Histogram(p + "time_to_first_byte_seconds", "Dispatch to first response "
-                              "byte from the replica", ["replica"], buckets=TTFB_BUCKETS,
-                              registry=r)
+                              "byte from the replica (the TTFT of a stream)", ["replica", "model"],
+                              buckets=TTFB_BUCKETS, registry=r)
         self.duration = Histogram(p + "request_duration_seconds", "Dispatch to end of the "
                                   "relayed response", ["replica"], buckets=DURATION_BUCKETS,
                                   registry=r)
@@ -117,8 +119,8 @@ class RouterMetrics:
         self.healthy = Gauge(p + "replica_healthy", "1 if the replica receives new requests",
                              ["replica"], registry=r, multiprocess_mode="max")
         self.spills = Counter(p + "spills_total", "Requests sent past their home replica because "
-                              "it was over the bounded-load cap, by receiving replica",
-                              ["replica"], registry=r)
+                              "it was over the bounded-load cap, by receiving replica and model",
+                              ["replica", "model"], registry=r)
         self.distinct = Gauge(p + "distinct_keys_per_minute", "Estimated distinct routing keys "
                               "over the last minute (HyperLogLog)", registry=r,
                               multiprocess_mode="livesum")
@@ -146,9 +148,9 @@ class RouterMetrics:
         self._keys = DistinctKeys()
         self._keys_refreshed = 0.0
         self._known: set[str] = set()
-        self._req: dict[tuple[str, str, int], Counter] = {}
+        self._req: dict[tuple[str, str, int, str], Counter] = {}
         self._inflight: dict[str, Gauge] = {}
-        self._ttfb: dict[str, Histogram] = {}
+        self._ttfb: dict[tuple[str, str], Histogram] = {}
         self._dur: dict[str, Histogram] = {}
 
     # hot path -------------------------------------------------------------------------------
@@ -160,17 +162,18 @@ class RouterMetrics:
         g.inc()
 
     def finished(self, replica: str, branch: str, status: int, ttfb: float | None,
-                 duration: float) -> None:
+                 duration: float, model: str = "unknown") -> None:
         self._inflight[replica].dec()
-        key = (replica, branch, status)
+        key = (replica, branch, status, model)
         c = self._req.get(key)
         if c is None:
-            c = self._req[key] = self.requests.labels(replica, branch, str(status))
+            c = self._req[key] = self.requests.labels(replica, branch, str(status), model)
         c.inc()
         if ttfb is not None:
-            h = self._ttfb.get(replica)
+            hk = (replica, model)
+            h = self._ttfb.get(hk)
             if h is None:
-                h = self._ttfb[replica] = self.ttfb.labels(replica)
+                h = self._ttfb[hk] = self.ttfb.labels(replica, model)
             h.observe(ttfb)
         d = self._dur.get(replica)
         if d is None:
@@ -207,8 +210,8 @@ class RouterMetrics:
     def ejection(self, replica: str, reason: str) -> None:
         self.ejections.labels(replica, reason).inc()
 
-    def spill(self, replica: str) -> None:
-        self.spills.labels(replica).inc()
+    def spill(self, replica: str, model: str = "unknown") -> None:
+        self.spills.labels(replica, model).inc()
 
     def scraped_load(self, replica: str, running: float, waiting: float, kv_usage: float) -> None:
         self.scraped.labels(replica, "running").set(running)
@@ -234,7 +237,7 @@ class RouterMetrics:
                 self._known.discard(name)
                 self._inflight.pop(name, None)
                 self._req = {k: v for k, v in self._req.items() if k[0] != name}
-                self._ttfb.pop(name, None)
+                self._ttfb = {k: v for k, v in self._ttfb.items() if k[0] != name}
                 self._dur.pop(name, None)
                 self._cached.pop(name, None)
                 for family in (self.in_flight, self.healthy):

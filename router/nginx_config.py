@@ -6,6 +6,14 @@
 include inside ``http {}``) or, with ``standalone=True``, a whole nginx.conf whose relative paths
 live under nginx's ``-p`` prefix (tests, demos).
 
+Several models (any replica with ``models`` in its settings): one upstream per distinct set of
+replicas serving a model (``<upstream>_<i>``), and a ``map`` from the ``X-Model`` request header
+(`router.client.routing_headers` sets it; nginx cannot read the JSON body) to the model's
+upstream. A model no replica lists, or a missing header, is answered by nginx itself with the
+router's 404 ``model_not_found`` body (OpenAI format). Each upstream is its own ketama ring over
+its replicas, which is where the router's walk over the whole ring, filtered to the model's pool,
+lands too (a server's points depend only on its own address), so parity holds per model.
+
 Invariants: the upstream lists one ``server host:port`` per replica, sorted by name, with the
 replica's weight, where ``host:port`` is ``router.replicas.address_of(url)`` - the same string
 the router hands to ``router.ring.nginx.NginxRing`` - so nginx and the router build the same
@@ -16,7 +24,7 @@ injected directives. Rendering is pure (reads only the template file) and linear
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -24,10 +32,13 @@ from urllib.parse import urlsplit
 
 import jinja2
 
+from router.client import MODEL_HEADER
+from router.errors import ModelNotFound, error_body
 from router.replicas import address_of
 from router.settings import Settings
 
-__all__ = ["TEMPLATE_PATH", "NginxOptions", "UpstreamServer", "render", "render_config"]
+__all__ = ["TEMPLATE_PATH", "ModelPool", "NginxOptions", "UpstreamServer", "model_pools",
+           "render", "render_config"]
 
 # Shipped inside the package (wheel-safe); nginx/prefix-router.conf.j2 is a symlink to it.
 TEMPLATE_PATH = Path(__file__).resolve().parent / "templates" / "nginx.conf.j2"
@@ -37,6 +48,16 @@ _HEADER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
 _LISTEN = re.compile(r"^(\[[0-9A-Fa-f:.]+\]:|[A-Za-z0-9.-]+:)?\d{1,5}$|^unix:/[\w./-]+$")
 _PATH = re.compile(r"^(off|[\w./-]+)$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_MODEL = re.compile(r"^[\w.:/@+=-]{1,256}$")  # safe inside a quoted nginx map key
+
+
+@dataclass(frozen=True)
+class ModelPool:
+    """One upstream of a multi-model config: the models it serves and its servers."""
+
+    upstream: str
+    models: tuple[str, ...]
+    servers: tuple[UpstreamServer, ...]
 
 
 @dataclass(frozen=True)
@@ -91,12 +112,36 @@ def render(settings: Settings, *, listen: str = "8080", standalone: bool = False
         fail_timeout=health.readmit_backoff_max,
         replica_header=proxy.replica_header,
     )
-    return render_config([(r.name, r.url, r.weight) for r in settings.replicas], options)
+    given = [r for r in settings.replicas if r.models]
+    if given and len(given) != len(settings.replicas):
+        missing = next(i for i, r in enumerate(settings.replicas) if not r.models)
+        raise ValueError(f"replicas[{missing}].models: nginx cannot learn a replica's models, "
+                         f"so every replica needs them once one has them, got None")
+    models = {r.name: r.models for r in given if r.models}
+    return render_config([(r.name, r.url, r.weight) for r in settings.replicas], options,
+                         models=models or None)
+
+
+def model_pools(servers: Sequence[UpstreamServer], models: Mapping[str, Sequence[str]],
+                upstream: str) -> list[ModelPool]:
+    """One pool per distinct set of servers serving a model, in order of the sorted model
+    names; ValueError on a model name nginx could not carry safely."""
+    by_model: dict[str, tuple[UpstreamServer, ...]] = {}
+    for model in sorted({m for names in models.values() for m in names}):
+        _check(bool(_MODEL.match(model)), "model name", model)
+        by_model[model] = tuple(s for s in servers if model in models.get(s.name, ()))
+    groups: dict[tuple[UpstreamServer, ...], list[str]] = {}
+    for model, members in by_model.items():
+        groups.setdefault(members, []).append(model)
+    return [ModelPool(f"{upstream}_{i}", tuple(names), members)
+            for i, (members, names) in enumerate(groups.items())]
 
 
 def render_config(replicas: Sequence[tuple[str, str, int]],
-                  options: NginxOptions = NginxOptions()) -> str:
-    """The nginx config for ``(name, url, weight)`` replicas; ValueError on any invalid value."""
+                  options: NginxOptions = NginxOptions(), *,
+                  models: Mapping[str, Sequence[str]] | None = None) -> str:
+    """The nginx config for ``(name, url, weight)`` replicas (``models``: replica name -> the
+    models it serves, for one upstream per model); ValueError on any invalid value."""
     servers, scheme = _servers(replicas)
     o = options
     _check(bool(_LISTEN.match(o.listen)), "listen", o.listen)
@@ -112,8 +157,15 @@ def render_config(replicas: Sequence[tuple[str, str, int]],
     access_log = o.access_log or ("access.log" if o.standalone
                                   else "/var/log/nginx/prefix-router.access.log")
     _check(bool(_PATH.match(access_log)), "access_log", access_log)
+    pools = model_pools(servers, models, o.upstream) if models else []
+    not_found = error_body(ModelNotFound()).decode()
+    _check(not re.search(r"['\\$]", not_found), "404 body", not_found)  # one quoted nginx string
     return _template().render(
         servers=servers,
+        pools=pools,
+        model_var="http_" + MODEL_HEADER.lower().replace("-", "_"),
+        model_header=MODEL_HEADER,
+        not_found=not_found,
         scheme=scheme,
         key_header=o.key_header,
         key_var="http_" + o.key_header.lower().replace("-", "_"),

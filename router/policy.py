@@ -95,6 +95,7 @@ class Branch(StrEnum):
     ROUND_ROBIN = "round_robin"
     LEAST_LOADED = "least_loaded"
     CACHE_HIT = "cache_hit"
+    LORA_AFFINITY = "lora_affinity"  # router.models.lora_affinity moved it to its adapter
 
 
 @dataclass(frozen=True)

@@ -365,7 +365,8 @@ class Forwarder:
             record.status = status
             if ttfb is not None:
                 record.ttfb_ms = ttfb * 1000
-            up.metrics.finished(name, record.branch or "", status, ttfb, time.perf_counter() - t0)
+            up.metrics.finished(name, record.branch or "", status, ttfb, time.perf_counter() - t0,
+                                record.model)
 
     async def _relay(self, replica: ReplicaState, resp: aiohttp.ClientResponse, send: Send,
                      record: AccessRecord, t0: float, hooks: Attempts | None

@@ -2,7 +2,10 @@
 
 :class:`ReplicaState` is deliberately mutable: the proxy bumps ``in_flight``, the health loop
 flips ``healthy``, the scraper writes the ``vllm:*`` gauges, and membership updates own
-``draining`` (endpoint not ready or terminating). The policy only reads it.
+``draining`` (endpoint not ready or terminating). The policy only reads it. ``models`` is what
+the replica serves (`router.models`): from the endpoint when discovery or config names it
+(``fixed_models``, plus the adapters of those the probes learn), else learned by the health
+probes from ``/v1/models``.
 
 :class:`ReplicaSet` maps names to states and owns the hash ring. Invariants:
 - the ring contains every known replica, available or not, so a replica that flaps or drains
@@ -16,8 +19,8 @@ Cost: ``update_membership`` is O(N) plus a ring build (O(P log P)) when membersh
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -45,6 +48,14 @@ class ReplicaState:
     unstarted: int = 0
     pending_prefill: float = 0.0
     scraped_unstarted: int = 0  # `unstarted` when `waiting` was scraped: ours among the waiting
+    # names served (base models and LoRA adapters); None while unknown (router.models)
+    models: frozenset[str] | None = None
+    parents: Mapping[str, str] = field(default_factory=dict)  # adapter -> base model
+    # names given by config / discovery: always served; /v1/models adds only their adapters
+    fixed_models: frozenset[str] | None = None
+    lora_running: frozenset[str] = frozenset()  # vllm:lora_requests_info (latest label set)
+    lora_waiting: frozenset[str] = frozenset()
+    max_lora: int = 0  # 0: no LoRA information
 
     def __post_init__(self) -> None:
         if self.weight < 1:
@@ -144,6 +155,12 @@ class ReplicaSet:
                 state = ReplicaState(name=e.name, url=e.url, weight=e.weight, draining=draining)
             else:
                 state.url, state.weight, state.draining = e.url, e.weight, draining
+            fixed = getattr(e, "models", None)
+            if fixed:
+                if state.fixed_models != frozenset(fixed):
+                    state.models = state.fixed_models = frozenset(fixed)
+            elif state.fixed_models is not None:  # the explicit list was removed: learn it again
+                state.models = state.fixed_models = None
             states[e.name] = state
         self._states, self._ring, self._signature = states, ring, signature
         self._listed = tuple(states.values())

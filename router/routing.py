@@ -1,15 +1,24 @@
 """The one routing entry point: request -> `Routed` (decision + what the outcome will write).
 
-`Router.route(path, headers, body, seq)` is called by the app for every proxied request and by
-``loadtest.simulate`` for every simulated arrival, so both run exactly this code:
+`Router.route(path, headers, body, seq, tap, pool)` is called by the app for every proxied
+request and by ``loadtest.simulate`` for every simulated arrival, so both run exactly this code:
 
+0. the model pool (`router.models.select_pool`, chosen by the caller: it answers 404/503 for a
+   model with no routable pool): every step below sees only the pool's replicas - the ring walk,
+   the bounded-load cap, the candidates, the retry order. The index is shared by the fleet but
+   its chunk hashes are seeded with the model name (an adapter is its own model name), so two
+   models or two adapters of one base never share credit;
 1. ``keys.derive`` -> the routing key (static prefix, cut at the first volatile token; else the
    conversation) - the consistent-hash placement every policy starts from;
 2. policy ``cache_aware``: ``chunks.request_chunks`` over the whole request, the prefix index's
    predicted cached tokens per replica, the queued work per replica, then
    ``pipeline.Pipeline.pick`` (filter -> scorers -> picker);
    policies ``prefix`` / ``round_robin`` / ``least_loaded``: ``policy.choose`` alone (pure, no
-   state: ``prefix`` is the hash-only placement nginx reproduces).
+   state: ``prefix`` is the hash-only placement nginx reproduces);
+3. for a LoRA adapter's pool under ``prefix`` or ``cache_aware``: `router.models.lora_affinity`
+   over the decision's candidate order (best-scored first for ``cache_aware``), which is the
+   pipeline's filter "keep the under-cap replicas of the best LoRA tier" followed by its picker;
+   branch ``lora_affinity`` when it moved the request.
 
 The returned `Routed` is the request's outcome recorder; the proxy (or the simulator) calls it
 as attempts happen (`router.proxy.Attempts`):
@@ -26,11 +35,12 @@ Cost (cache_aware): O(prompt) hashing, O(chunks) index lookups, O(N) scoring; no
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from router.chunks import NO_CHUNKS, Chunks, request_chunks
 from router.keys import KeyConfig, KeySource, RoutingKey, derive, key_config
+from router.models import Pool, lora_affinity
 from router.pipeline import (
     Candidate,
     Pipeline,
@@ -135,6 +145,8 @@ class Router:
         self.key_config: KeyConfig = key_config(settings)
         self.bound = LoadBound(settings.load_factor, settings.cache_load_floor
                                if settings.policy == "cache_aware" else settings.load_floor)
+        # the policies that keep the bounded-load cap (and so take LoRA affinity)
+        self._bounded = settings.policy in ("prefix", "cache_aware")
         self.policy: Policy | None = None
         self.pipeline: Pipeline | None = None
         self.index: PrefixIndex | None = None
@@ -156,20 +168,22 @@ class Router:
         self._mean_prefill = 0.0
 
     def route(self, path: str, headers: Mapping[str, str], body: Mapping[str, Any] | None,
-              seq: int, tap: UsageTap | None = None) -> Routed | None:
-        """The decision for one request (``None``: no replica available)."""
+              seq: int, tap: UsageTap | None = None, pool: Pool | None = None) -> Routed | None:
+        """The decision for one request (``None``: no replica available), among the replicas
+        of ``pool`` (`router.models.select_pool`; ``None``: the whole fleet)."""
         key = derive(path, headers, body, self.key_config)
-        states = self.replicas.states()
+        fleet_states = self.replicas.states()
+        states = fleet_states if pool is None else pool.members
         if self.pipeline is None:
             assert self.policy is not None
             decision = self.policy.choose(key, states, self.replicas.ring, seq)
             if decision is None:
                 return None
-            return Routed(key, decision, NO_CHUNKS, {}, None, tap)
+            return Routed(key, self._lora(pool, decision, states), NO_CHUNKS, {}, None, tap)
         s = self.settings
         chunks = request_chunks(path, body, s.chunk_chars, s.chars_per_token)
         assert self.index is not None
-        self._sync_capacity(states)
+        self._sync_capacity(fleet_states)
         cached: dict[str, int] = {}
         if chunks.hashes:
             cached = dict(self.index.match(chunks))
@@ -210,9 +224,18 @@ class Router:
                                       candidates)
         if decision is None:
             return None
+        decision = self._lora(pool, decision, states)
         new = prompt - cached.get(decision.replica, 0)
         self._mean_prefill = mean + _EMA * (max(0, new) - mean)
         return Routed(key, decision, chunks, cached, self.index, tap, self.in_flight)
+
+    def _lora(self, pool: Pool | None, decision: Decision,
+              states: Sequence[ReplicaState]) -> Decision:
+        """LoRA affinity for an adapter's pool (`router.models.lora_affinity`); the baselines
+        (``round_robin``, ``least_loaded``) stay model-aware but adapter-blind."""
+        if pool is None or not pool.adapter or not self._bounded:
+            return decision
+        return lora_affinity(pool.label, decision, states, self.bound)
 
     def _sync_capacity(self, states: tuple[ReplicaState, ...]) -> None:
         """Hand scraped KV capacities to the index (only when one changed)."""

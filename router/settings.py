@@ -46,6 +46,7 @@ SCHEMES = ("http", "https")
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2,
                "gb": 1000**3, "gib": 1024**3}
+_SELECTOR = re.compile(r"^[\w./-]+=[\w.-]*(,[\w./-]+=[\w.-]*)*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 
 class SettingsError(ValueError):
@@ -174,12 +175,20 @@ class ReplicaSpec:
     name: str
     url: str
     weight: int = 1
+    # the model names (base models, LoRA adapters) the replica serves; None: learn them from
+    # its /v1/models
+    models: tuple[str, ...] | None = None
 
     @classmethod
     def parse(cls, r: _Reader) -> ReplicaSpec:
         name: str = r.check("name", None, "a replica name ([A-Za-z0-9_.:-], <= 63 chars)",
                        lambda v: isinstance(v, str) and bool(_NAME.match(v)))
-        return cls(name=name, url=_url(r, "url"), weight=r.integer("weight", 1, 1, 1000))
+        models = r.check("models", None, "a non-empty list of model names or null",
+                         lambda v: v is None or (isinstance(v, list | tuple) and bool(v) and all(
+                             isinstance(m, str) and m for m in v)),
+                         lambda v: None if v is None else tuple(v))
+        return cls(name=name, url=_url(r, "url"), weight=r.integer("weight", 1, 1, 1000),
+                   models=models)
 
 
 @dataclass(frozen=True)
@@ -203,6 +212,9 @@ class KubernetesDiscovery:
     port_name: str = "http"
     scheme: str = "http"
     kubeconfig: str | None = None
+    # `k=v[,k=v]` over EndpointSlice labels, instead of `service`: one router over several
+    # Services (one per model; Kubernetes copies a Service's labels onto its slices)
+    selector: str | None = None
 
     @classmethod
     def parse(cls, r: _Reader) -> KubernetesDiscovery:
@@ -210,7 +222,10 @@ class KubernetesDiscovery:
                    service=r.string("service", cls.service),
                    port_name=r.string("port_name", cls.port_name),
                    scheme=r.choice("scheme", cls.scheme, SCHEMES),
-                   kubeconfig=r.opt_string("kubeconfig"))
+                   kubeconfig=r.opt_string("kubeconfig"),
+                   selector=r.check("selector", None, "a label selector 'k=v[,k=v]' or null",
+                                    lambda v: v is None or (isinstance(v, str) and bool(
+                                        _SELECTOR.match(v)))))
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ def make_discovery(settings: Any) -> Discovery:
     kind = getattr(disc, "type", "static") or "static"
     if kind == "static":
         return StaticDiscovery(
-            Endpoint(name=r.name, url=r.url, weight=getattr(r, "weight", 1))
+            Endpoint(name=r.name, url=r.url, weight=getattr(r, "weight", 1),
+                     models=getattr(r, "models", None))
             for r in getattr(settings, "replicas", ()) or ())
     if kind == "dns":
         d = disc.dns  # type: ignore[union-attr]
@@ -42,5 +43,6 @@ def make_discovery(settings: Any) -> Discovery:
     if kind == "kubernetes":
         k = disc.kubernetes  # type: ignore[union-attr]
         return KubernetesDiscovery(k.namespace, k.service, k.port_name, k.scheme,
-                                   kubeconfig=k.kubeconfig)
+                                   kubeconfig=k.kubeconfig,
+                                   label_selector=getattr(k, "selector", None))
     raise ValueError(f"discovery.type: expected one of static | dns | kubernetes, got {kind!r}")

@@ -35,6 +35,7 @@ class Endpoint:
     weight: int = 1
     ready: bool = True
     terminating: bool = False
+    models: tuple[str, ...] | None = None  # served names, when the source knows them
 
     @property
     def state(self) -> str:

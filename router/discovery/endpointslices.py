@@ -12,6 +12,9 @@ per address family for dual-stack Services. `merge_slices` joins them into one m
   not terminating. A terminating endpoint is published with terminating=True (draining).
 * a name present in several slices (dual stack, or a pod mid-move between slices) appears once:
   the ready, non-terminating copy wins, then IPv4 over other families, then the lowest slice name.
+* models: a slice carrying the label `MODEL_LABEL` (``prefix-router.io/model``; Kubernetes copies
+  a Service's labels onto its EndpointSlices) gives its endpoints that model (`Endpoint.models`,
+  fixed: `router.models`); without it the router learns the model from each replica.
 
 Cost: O(total endpoints · log) per merge; merges run once per watch event (a handful of slices).
 """
@@ -23,9 +26,11 @@ from typing import Any
 
 from router.discovery.base import Endpoint, url_for
 
-__all__ = ["SERVICE_NAME_LABEL", "endpoint_name", "merge_slices", "select_port", "slice_endpoints"]
+__all__ = ["MODEL_LABEL", "SERVICE_NAME_LABEL", "endpoint_name", "merge_slices", "select_port",
+           "slice_endpoints"]
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+MODEL_LABEL = "prefix-router.io/model"
 
 
 def select_port(ports: Iterable[Mapping[str, Any]] | None, port_name: str) -> int | None:
@@ -47,6 +52,8 @@ def slice_endpoints(obj: Mapping[str, Any], port_name: str, scheme: str) -> list
     port = select_port(obj.get("ports"), port_name)
     if port is None:
         return []
+    model = ((obj.get("metadata") or {}).get("labels") or {}).get(MODEL_LABEL)
+    models = (str(model),) if model else None
     out = []
     for ep in obj.get("endpoints") or ():
         addresses = ep.get("addresses") or []
@@ -56,7 +63,7 @@ def slice_endpoints(obj: Mapping[str, Any], port_name: str, scheme: str) -> list
         cond = ep.get("conditions") or {}
         out.append(Endpoint(name=name, url=url_for(scheme, str(addresses[0]), port),
                             ready=cond.get("ready") is not False,
-                            terminating=cond.get("terminating") is True))
+                            terminating=cond.get("terminating") is True, models=models))
     return out
 
 

@@ -116,7 +116,8 @@ class KubernetesDiscovery:
     def __init__(self, namespace: str, service: str, port_name: str = "http",
                  scheme: str = "http", kubeconfig: str | None = None, client: Any = None, *,
                  watch_timeout: float = 300.0, backoff: Backoff | None = None,
-                 rng: Callable[[], float] = random.random) -> None:
+                 rng: Callable[[], float] = random.random,
+                 label_selector: str | None = None) -> None:
         if client is None and importlib.util.find_spec("lightkube") is None:
             raise ImportError("discovery.type kubernetes needs lightkube: "
                               "pip install 'prefix-router[kubernetes]'")
@@ -125,6 +126,7 @@ class KubernetesDiscovery:
         self.port_name = port_name
         self.scheme = scheme
         self.kubeconfig = kubeconfig
+        self.label_selector = label_selector
         self.watch_timeout = watch_timeout
         self._client = client
         self.backoff = backoff or Backoff(base=0.25, cap=30.0)
@@ -137,7 +139,12 @@ class KubernetesDiscovery:
 
     @property
     def selector(self) -> str:
-        return f"{SERVICE_NAME_LABEL}={self.service}"
+        """``label_selector`` if set (several Services), else the one Service's slices."""
+        return self.label_selector or f"{SERVICE_NAME_LABEL}={self.service}"
+
+    @property
+    def selector_labels(self) -> dict[str, str]:
+        return dict(part.split("=", 1) for part in self.selector.split(","))
 
     def make_client(self) -> Any:
         """A lightkube AsyncClient: the kubeconfig file if set, else in-cluster credentials."""
@@ -216,13 +223,13 @@ class KubernetesDiscovery:
         from lightkube.resources.discovery_v1 import EndpointSlice
 
         listing = client.list(EndpointSlice, namespace=self.namespace,
-                              labels={SERVICE_NAME_LABEL: self.service})
+                              labels=self.selector_labels)
         items = [item.to_dict() async for item in listing]
         state.replace(items, str(listing.resourceVersion))
         self.relists += 1
         self._mark_ok(f"listed {len(items)} slices at resourceVersion {state.resource_version}")
         log.info("kubernetes discovery: %s/%s has %d EndpointSlices (resourceVersion %s)",
-                 self.namespace, self.service, len(items), state.resource_version)
+                 self.namespace, self.selector, len(items), state.resource_version)
 
     async def _watch(self, client: Any, state: SliceState, membership: Membership) -> None:
         """One watch request, until the server ends it."""

@@ -18,7 +18,7 @@ from tests.deploy.kustomize import render as _render
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-TREES = ["base", "examples/vllm", "examples/monitoring"]
+TREES = ["base", "examples/vllm", "examples/monitoring", "examples/multi-model"]
 K8S_VERSION = "1.32.0"
 
 
@@ -177,6 +177,41 @@ def test_example_wires_router_to_the_vllm_statefulset(example: list[dict[str, An
     assert c["ports"][0]["containerPort"] in [p["port"] for p in vllm_rule["ports"]]
     text = (DEPLOY / "examples/vllm/vllm-statefulset.yaml").read_text()
     assert re.search(r"#\s*-\s*--kv-events-config", text)  # commented, for later
+
+
+def test_multi_model_example_has_one_service_per_model_and_the_router_selects_them() -> None:
+    objs = render(DEPLOY / "examples/multi-model")
+    _, settings = router_config(objs)
+    k8s = settings.discovery.kubernetes
+    assert k8s.selector is not None
+    wanted = dict(part.split("=", 1) for part in k8s.selector.split(","))
+    services = [o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] != "prefix-router"]
+    sets = {o["spec"]["serviceName"]: o for o in objs if o["kind"] == "StatefulSet"}
+    models = set()
+    for svc in services:
+        labels = svc["metadata"]["labels"]
+        assert all(labels.get(k) == v for k, v in wanted.items())  # its slices are discovered
+        assert svc["spec"]["clusterIP"] == "None"
+        sts = sets[svc["metadata"]["name"]]
+        pod = sts["spec"]["template"]
+        assert all(pod["metadata"]["labels"].get(k) == v
+                   for k, v in svc["spec"]["selector"].items())
+        (c,) = pod["spec"]["containers"]
+        served = [a.split("=", 1)[1] for a in c["args"] if a.startswith("--served-model-name=")]
+        # the Service's model label is what those pods answer to, and a valid label value
+        assert served == [labels["prefix-router.io/model"]]
+        assert re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?", served[0])
+        models.add(served[0])
+        # every other model's pods are out of this Service's selector
+        others = [s for name, s in sets.items() if name != svc["metadata"]["name"]]
+        assert not any(all(o["spec"]["template"]["metadata"]["labels"].get(k) == v
+                           for k, v in svc["spec"]["selector"].items()) for o in others)
+    assert len(models) == len(services) == 2
+    egress = find(objs, "NetworkPolicy", "prefix-router")["spec"]["egress"]
+    rule = next(r for r in egress if "to" in r and "podSelector" in r["to"][0])
+    assert all(all(s["spec"]["template"]["metadata"]["labels"].get(k) == v
+                   for k, v in rule["to"][0]["podSelector"]["matchLabels"].items())
+               for s in sets.values())
 
 
 def test_servicemonitor_only_in_the_monitoring_component() -> None:

@@ -72,7 +72,9 @@ class FakeReplica:
     async def _models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
             {"id": self.model, "object": "model", "owned_by": "fake"},
-            {"id": f"{self.name}-only", "object": "model", "owned_by": "fake"}]})
+            # an adapter of the base model, listed as vLLM lists one (parent = its base)
+            {"id": f"{self.name}-only", "object": "model", "owned_by": "fake",
+             "parent": self.model}]})
 
     async def _api(self, request: Request) -> Response:
         body = await request.body()

@@ -208,3 +208,17 @@ def test_progress_bar_draws_only_when_asked() -> None:
     bar.close()
     assert "w [#####-----] 5/10 errors=1" in out.getvalue()
     assert out.getvalue().endswith("\n")
+
+
+def test_nginx_headers_carry_the_key_and_the_model() -> None:
+    from loadtest.runner import prefix_hash_headers
+    from loadtest.workloads import Request
+
+    body = {"model": "sql", "messages": [{"role": "system", "content": "S" * 200},
+                                         {"role": "user", "content": "hi"}]}
+    short = {"messages": [{"role": "user", "content": "hi"}]}
+    got = prefix_hash_headers([Request(0, 0.0, "/v1/chat/completions", body, "g"),
+                               Request(1, 0.0, "/v1/chat/completions", short, "g")],
+                              "X-Prefix-Hash")
+    assert set(got[0]) == {"X-Prefix-Hash", "X-Model"} and got[0]["X-Model"] == "sql"
+    assert got[1] == {}  # no cacheable prefix, no model

@@ -26,10 +26,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from router.nginx_config import NginxOptions, render_config
+from router.nginx_config import NginxOptions, render, render_config
 from router.replicas import address_of
 from router.ring import RingMember
 from router.ring.nginx import NginxRing
+from router.settings import Settings
 from tests.conftest import ThreadedServer, free_port, require_binary, wait_for_port
 
 Replica = tuple[str, str, int]  # (name, url, weight), what render_config takes
@@ -248,6 +249,22 @@ def nginx_fleet(prefix: Path, weights: Sequence[int]) -> Iterator[list[Replica]]
                for (name, port), w in zip(names_ports, weights, strict=True)]
     finally:
         backend.stop()
+
+
+def ring_parity_setup(prefix: Path, replicas: Sequence[Replica],
+                      models: dict[str, list[str]] | None = None) -> tuple[Settings, NginxProcess]:
+    """Router settings with ``routing.ring: nginx`` over ``replicas`` (and their ``models``),
+    and a started nginx rendered from them: the two sides of a parity test."""
+    settings = Settings.from_dict({
+        "replicas": [{"name": n, "url": u, "weight": w,
+                      **({"models": models[n]} if models else {})} for n, u, w in replicas],
+        "routing": {"ring": "nginx"},
+        "scrape": {"enabled": False},
+        "health": {"interval": 60.0},
+    })
+    port = free_port()
+    conf = render(settings, listen=f"127.0.0.1:{port}", standalone=True)
+    return settings, NginxProcess(prefix, conf, port).start()
 
 
 def placements(port: int, keys: Iterable[str]) -> dict[str, str]:

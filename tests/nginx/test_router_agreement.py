@@ -8,10 +8,8 @@ from pathlib import Path
 import pytest
 
 from router.app import create_app
-from router.nginx_config import render
-from router.settings import Settings
-from tests.conftest import ThreadedServer, free_port
-from tests.nginx.harness import NginxProcess, nginx_fleet, placements
+from tests.conftest import ThreadedServer
+from tests.nginx.harness import nginx_fleet, placements, ring_parity_setup
 
 pytestmark = pytest.mark.nginx
 
@@ -19,15 +17,7 @@ pytestmark = pytest.mark.nginx
 def test_router_with_nginx_ring_and_nginx_agree_on_every_key(tmp_path: Path) -> None:
     keys = [f"agree-{i}" for i in range(400)]
     with nginx_fleet(tmp_path / "backends", [2, 1, 1, 3]) as replicas:
-        settings = Settings.from_dict({
-            "replicas": [{"name": n, "url": u, "weight": w} for n, u, w in replicas],
-            "routing": {"ring": "nginx"},
-            "scrape": {"enabled": False},
-            "health": {"interval": 60.0},
-        })
-        port = free_port()
-        nginx = NginxProcess(tmp_path / "front", render(settings, listen=f"127.0.0.1:{port}",
-                                                        standalone=True), port).start()
+        settings, nginx = ring_parity_setup(tmp_path / "front", replicas)
         try:
             with ThreadedServer(create_app(settings)) as router:
                 via_router = placements(router.port, keys)

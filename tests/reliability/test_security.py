@@ -13,6 +13,7 @@ import inspect
 import json
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,6 +36,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.headers: list[list[tuple[bytes, bytes]]] = []
+        self.probes: list[list[tuple[bytes, bytes]]] = []  # the router's GET /v1/models
         self.lock = threading.Lock()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -48,7 +50,8 @@ class Recorder:
             more = msg.get("more_body", False)
         if scope["path"].startswith("/v1/"):
             with self.lock:
-                self.headers.append(list(scope["headers"]))
+                (self.probes if scope["method"] == "GET" else self.headers).append(
+                    list(scope["headers"]))
         status, ctype = 200, b"application/json"
         out = b'{"id":"r","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}'
         if b"please-fail" in body:
@@ -329,3 +332,18 @@ def test_router_does_not_reach_replica_admin(start_fleet: Callable[..., Fleet],
             status = int(s.recv(4096).split(b" ", 2)[1])
         assert status != 200, path
         assert fleet.stats(0)["faults"]["error_rate"] == 0.0, path
+
+
+
+def test_model_probes_carry_the_upstream_key(recorder: tuple[Recorder, ThreadedServer],
+                                             start_router: Callable[..., RouterProcess]) -> None:
+    # vLLM --api-key guards /v1/models too: the router's probes authenticate like its requests
+    rec, upstream = recorder
+    start_router(router_config([upstream.url], ["rec"],
+                               auth={"upstream_api_key_env": "RELIABILITY_UPSTREAM"}),
+                 env={"RELIABILITY_UPSTREAM": "upstream-secret"})
+    deadline = time.monotonic() + 10
+    while not rec.probes and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rec.probes, "no /v1/models probe reached the upstream"
+    assert dict(rec.probes[0]).get(b"authorization") == b"Bearer upstream-secret"

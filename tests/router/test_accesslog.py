@@ -31,7 +31,7 @@ def test_lines_are_json_and_written_only_on_flush() -> None:
     assert [json.loads(ln)["bytes_out"] for ln in lines] == [1, 2]
     assert set(json.loads(lines[0])) == {"method", "path", "status", "replica", "branch",
                                          "key_source", "attempts", "ttfb_ms", "duration_ms",
-                                         "bytes_in", "bytes_out"}
+                                         "bytes_in", "bytes_out", "model"}
     log.flush()  # nothing pending: no write
     assert len(out.writes) == 1
 

@@ -59,9 +59,9 @@ def test_bad_requests_are_400(fake_fleet: Any, router_server: Any, path: str, bo
 
 
 @pytest.mark.parametrize(("path", "body"), [
-    ("/v1/completions", {"model": "m", "prompt": "Once upon a time"}),
-    ("/v1/completions", {"model": "m", "prompt": [1, 2, 3]}),
-    ("/v1/embeddings", {"model": "m", "input": ["a", "b"]}),
+    ("/v1/completions", {"model": "fake-model", "prompt": "Once upon a time"}),
+    ("/v1/completions", {"model": "fake-model", "prompt": [1, 2, 3]}),
+    ("/v1/embeddings", {"model": "fake-model", "input": ["a", "b"]}),
     ("/v1/chat/completions", CHAT),
 ])
 def test_valid_requests_reach_a_replica(fake_fleet: Any, router_server: Any, path: str,

@@ -19,7 +19,7 @@ from router.client import hash_key
 from tests.conftest import free_port, wait_for_port
 from tests.integration.conftest import FakeReplica
 
-BODY = {"model": "m", "messages": [
+BODY = {"model": "fake-model", "messages": [
     {"role": "system", "content": "You are a careful assistant for the support desk; be brief."},
     {"role": "user", "content": "hi"}]}
 
@@ -73,7 +73,7 @@ def test_hash_key_matches_the_client_library(capsys: pytest.CaptureFixture[str],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     code, out, _ = run(["hash-key"], capsys, json.dumps(BODY).encode(), monkeypatch)
     assert code == 0 and out.strip() == hash_key(BODY)
-    completion = {"model": "m", "prompt": "Summarise the following support ticket. " * 3}
+    completion = {"model": "fake-model", "prompt": "Summarise the following support ticket. " * 3}
     code, out, _ = run(["hash-key", "--path", "/v1/completions"], capsys,
                        json.dumps(completion).encode(), monkeypatch)
     assert code == 0 and out.strip() == hash_key(completion, "/v1/completions")

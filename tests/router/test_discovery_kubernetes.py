@@ -238,3 +238,31 @@ def test_injected_lightkube_client_is_used_and_left_open(api: FakeKubeAPI,
     with DiscoveryRunner(d) as r:
         r.wait_for(lambda eps: len(eps) == 3, DEADLINE)
     assert closed == []  # the caller owns an injected client
+
+
+def model_slice(name: str, service: str, model: str, pods: dict[str, str]) -> dict:
+    obj = fleet_slice(name, pods, service=service)
+    # what Kubernetes copies from the Service's labels onto its EndpointSlices
+    obj["metadata"]["labels"].update({"app.kubernetes.io/part-of": "vllm-fleet",
+                                      "prefix-router.io/model": model})
+    return obj
+
+
+def test_a_selector_over_one_service_per_model_carries_each_model(
+        api: FakeKubeAPI, tmp_path: Path) -> None:
+    api.put_slice(model_slice("llama-a", "vllm-llama", "llama", {"llama-0": "10.0.1.10"}))
+    api.put_slice(model_slice("qwen-a", "vllm-qwen", "qwen", {"qwen-0": "10.0.2.10"}))
+    disc = discovery_for(api, tmp_path, label_selector="app.kubernetes.io/part-of=vllm-fleet")
+    with DiscoveryRunner(disc) as r:
+        r.wait_for(lambda eps: len(eps) == 2, DEADLINE, "both models' slices")
+        _wait_watching(api)
+        api.put_slice(model_slice("qwen-b", "vllm-qwen", "qwen", {"qwen-1": "10.0.2.11"}))
+        r.wait_for(lambda eps: len(eps) == 3, DEADLINE, "a new qwen pod")
+        got = r.by_name()
+    assert {n: e.models for n, e in got.items()} == {  # the vllm Service's slices are not selected
+        "llama-0": ("llama",), "qwen-0": ("qwen",), "qwen-1": ("qwen",)}
+
+
+def test_a_slice_without_the_model_label_leaves_the_model_to_be_learned(
+        runner: DiscoveryRunner) -> None:
+    assert all(e.models is None for e in runner.latest)

@@ -77,6 +77,9 @@ class ScriptedProbe(HealthMonitor):
     async def probe(self, session: Any, replica: Any) -> bool:
         return self.answers[replica.name].pop(0)
 
+    async def learn_models(self, session: Any, replica: Any) -> bool:
+        return False  # no /v1/models to read: the script answers /health only
+
 
 def scripted(**health: Any) -> tuple[ScriptedProbe, ReplicaSet, Clock]:
     m, rs, clock, _ = monitor(**health)

@@ -43,7 +43,8 @@ def test_registries_are_per_app() -> None:
     a.finished("r0", "home", 200, None, 0.1)
     sa, sb = samples(a), samples(b)
     key = ("prefix_router_requests_total",
-           frozenset({("replica", "r0"), ("branch", "home"), ("status", "200")}))
+           frozenset({("replica", "r0"), ("branch", "home"), ("status", "200"),
+                      ("model", "unknown")}))
     assert sa[key] == 1
     assert key not in sb
 

@@ -333,6 +333,7 @@ def test_public_names_and_labels_are_pinned() -> None:
     assert [b.value for b in Branch] == [
         "home", "spill", "override", "conversation", "fallback", "round_robin", "least_loaded",
         "cache_hit",
+        "lora_affinity",
     ]  # fmt: skip
     assert [s.value for s in KeySource] == ["header", "prefix", "conversation", "none"]
     assert sorted(keys.__all__) == [
@@ -345,7 +346,8 @@ def test_public_names_and_labels_are_pinned() -> None:
         "POLICIES", "Policy", "RoundRobinPolicy", "load_cap", "make_policy", "moved_decision",
     ]  # fmt: skip
     assert sorted(replicas.__all__) == ["EndpointLike", "ReplicaSet", "ReplicaState", "address_of"]
-    assert sorted(client.__all__) == ["hash_key", "prefix_headers"]
+    assert sorted(client.__all__) == ["MODEL_HEADER", "hash_key", "prefix_headers",
+                                      "routing_headers"]
     for module in (client, keys, policy, replicas, ring):
         assert all(hasattr(module, name) for name in module.__all__)
 

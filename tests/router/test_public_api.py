@@ -42,23 +42,23 @@ PINNED: dict[str, list[str]] = {
         "DnsDiscovery", "Resolver", "ReverseResolver", "resolve_addresses", "reverse_name"
     ],
     "router.discovery.endpointslices": [
-        "SERVICE_NAME_LABEL", "endpoint_name", "merge_slices", "select_port", "slice_endpoints"
+        "MODEL_LABEL", "SERVICE_NAME_LABEL", "endpoint_name", "merge_slices", "select_port",
+        "slice_endpoints"
     ],
     "router.discovery.kubernetes": [
         "KubernetesDiscovery", "ResourceVersionGone", "SliceState", "WatchError"
     ],
     "router.discovery.static": ["StaticDiscovery"],
     "router.errors": [
-        "HeaderFieldsTooLarge", "InvalidRequest", "NoReplicaAvailable", "NotFound",
-        "PayloadTooLarge", "RequestTimeout", "RouterError", "StreamCancelled",
-        "TooManyConnections", "TooManyRequests", "Unauthorized", "UpstreamConnectError",
-        "UpstreamError", "UpstreamTimeout", "UriTooLong", "error_body", "raw_response",
-        "sse_error_event", "translate_upstream"
+        "HeaderFieldsTooLarge", "InvalidRequest", "ModelNotFound", "NoReplicaAvailable", "NotFound",
+        "PayloadTooLarge", "RequestTimeout", "RouterError", "StreamCancelled", "TooManyConnections",
+        "TooManyRequests", "Unauthorized", "UpstreamConnectError", "UpstreamError", "UpstreamTimeout",
+        "UriTooLong", "error_body", "raw_response", "sse_error_event", "translate_upstream"
     ],
     "router.chunks": ["Chunks", "MAX_CHUNKS", "MESSAGE_TOKENS", "NO_CHUNKS", "request_chunks"],
     "router.health": [
-        "CACHE_CONFIG", "HealthMonitor", "KV_USAGE", "RUNNING", "Replica", "Replicas", "VllmLoad",
-        "WAITING", "kv_capacity_tokens", "parse_vllm_metrics"
+        "CACHE_CONFIG", "HealthMonitor", "KV_USAGE", "LoraInfo", "RUNNING", "Replica", "Replicas",
+        "VllmLoad", "WAITING", "kv_capacity_tokens", "parse_lora_info", "parse_vllm_metrics"
     ],
     "router.limits": [
         "ConnectionGuard", "HTTP_PROTOCOL", "LINGER", "LimitedHttpToolsProtocol", "Rejection",
@@ -67,8 +67,13 @@ PINNED: dict[str, list[str]] = {
     "router.metrics": [
         "DURATION_BUCKETS", "DistinctKeys", "REPLICA_STATES", "RouterMetrics", "TTFB_BUCKETS"
     ],
+    "router.models": [
+        "Pool", "PoolStatus", "ServedModels", "UNKNOWN", "catalog", "lora_affinity",
+        "select_pool", "served_models"
+    ],
     "router.nginx_config": [
-        "NginxOptions", "TEMPLATE_PATH", "UpstreamServer", "render", "render_config"
+        "ModelPool", "NginxOptions", "TEMPLATE_PATH", "UpstreamServer", "model_pools", "render",
+        "render_config"
     ],
     "router.pipeline": [
         "Candidate", "Filter", "Pipeline", "RequestView", "Scorer", "bounded_load", "cache_score",
