@@ -1,6 +1,7 @@
 # prefix-router: the router, the auditor and the load-test kit's console scripts.
 # Build:  docker build -t prefix-router:0.1.0 .
-# Runtime deps only: the project plus its `kubernetes` extra (lightkube, for discovery); no test
+# Runtime deps only: the project plus its `kubernetes` extra (lightkube, for discovery) and its
+# `otel` extra (OpenTelemetry SDK + OTLP/HTTP exporter, loaded only with tracing.enabled); no test
 # or dev extras, no compilers in the final image.
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -12,7 +13,7 @@ COPY router ./router
 COPY templates_audit ./templates_audit
 COPY loadtest ./loadtest
 COPY prefix_asgi ./prefix_asgi
-RUN pip install ".[kubernetes]" && pip uninstall -y pip setuptools wheel
+RUN pip install ".[kubernetes,otel]" && pip uninstall -y pip setuptools wheel
 
 FROM python:3.11-slim
 ENV PATH=/opt/venv/bin:$PATH \

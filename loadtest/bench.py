@@ -278,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     img, json_dir = Path(args.img), Path(args.json_dir)
     if args.render_only:
         saved = json.loads((json_dir / "bench.json").read_text())
-        Path(args.doc).write_text(benchmarks_markdown(saved, _figures(saved, img),
-                                                      Path(args.doc).parent))
+        _write_doc(Path(args.doc), benchmarks_markdown(saved, _figures(saved, img),
+                                                       Path(args.doc).parent))
         return 0
     json_dir.mkdir(parents=True, exist_ok=True)
     chosen = tuple(w for w in WORKLOADS if not args.workload or w.name in args.workload)
@@ -311,10 +311,17 @@ def main(argv: list[str] | None = None) -> int:
     data["timings"]["total"] = time.monotonic() - t0
     (json_dir / "bench.json").write_text(json.dumps(data, indent=1) + "\n")
     figures = _figures(data, img)
-    Path(args.doc).write_text(benchmarks_markdown(data, figures, Path(args.doc).parent))
+    _write_doc(Path(args.doc), benchmarks_markdown(data, figures, Path(args.doc).parent))
     print(f"wrote {args.doc} and {len(figures)} figures in {data['timings']['total']:.0f}s",
           file=sys.stderr)
     return 0
+
+
+def _write_doc(doc: Path, text: str) -> None:
+    """Write the regenerated doc, keeping the section `loadtest.bench_tracing` owns."""
+    from loadtest.bench_tracing import keep_block
+
+    doc.write_text(keep_block(doc.read_text() if doc.exists() else "", text))
 
 
 def _figures(data: dict[str, Any], img: Path) -> dict[str, Path]:

@@ -6,7 +6,12 @@ A `Setup` names one way to route (``router-prefix``, ``nginx``, ``sglang-cache_a
 the PID it started, waits, then SIGKILLs. Every listener binds 127.0.0.1 only.
 
 * ``router-<policy>``: ``python -m router serve --config router.yaml`` with static replicas,
-  access log off, log level warning; ready when ``GET /ready`` is 200.
+  access log off, log level warning; ready when ``GET /ready`` is 200. Variants:
+  ``router-<policy>+tracing`` turns `tracing` on, exporting to a `loadtest.otlp_sink` process
+  the setup starts and stops with it (its CPU is not the router's);
+  ``router-<policy>@<dir>`` runs the ``router`` package found in ``<dir>`` (another commit's
+  source tree, e.g. ``git archive`` output) with this environment's dependencies, named
+  ``router-<policy>@<basename of dir>``.
 * ``nginx``: ``router.nginx_config.render(settings, listen=..., standalone=True)`` with
   ``routing.ring: nginx``; clients must send ``X-Prefix-Hash`` (``prefix_hash_header``); ready
   when the port answers.
@@ -78,6 +83,8 @@ class Setup:
     kind: str
     policy: str = ""
     processes: int | None = None  # N processes behind the splitter; None: one, no splitter
+    tracing: bool = False  # router only: OpenTelemetry traces on, to an OTLP sink
+    source: str | None = None  # router only: a directory holding the router package to run
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -88,16 +95,24 @@ class Setup:
                                  "several processes")
             if self.processes < 1:
                 raise ValueError(f"setup processes: expected >= 1, got {self.processes}")
+        if (self.tracing or self.source) and self.kind != "router":
+            raise ValueError(f"setup {self.kind}: +tracing and @source are router variants")
 
     @property
     def name(self) -> str:
-        base = f"{self.kind}-{self.policy}" if self.policy else self.kind
-        return base if self.processes is None else f"{base}-x{self.processes}"
+        name = f"{self.kind}-{self.policy}" if self.policy else self.kind
+        if self.processes is not None:
+            name += f"-x{self.processes}"
+        if self.tracing:
+            name += "+tracing"
+        if self.source:
+            name += "@" + Path(self.source).name
+        return name
 
     @property
     def single(self) -> Setup:
         """One process of this setup, without the splitter."""
-        return Setup(self.kind, self.policy)
+        return Setup(self.kind, self.policy, tracing=self.tracing, source=self.source)
 
     @property
     def prefix_hash_header(self) -> str | None:
@@ -119,12 +134,17 @@ _PROCESSES = re.compile(r"-x(\d+)$")
 
 def parse_setup(text: str) -> Setup:
     """``router-prefix`` / ``nginx`` / ``sglang-cache_aware`` / ``vllm-consistent_hash``;
-    a ``-x<N>`` suffix: N processes behind the splitter (``router-cache_aware-x2``)."""
+    a ``-x<N>`` suffix: N processes behind the splitter (``router-cache_aware-x2``); then the
+    router variants ``+tracing`` and ``@/path/to/tree`` (``router-prefix-x2+tracing@/tmp/t``)."""
+    text, _, source = text.partition("@")
+    text, plus, variant = text.partition("+")
+    if plus and variant != "tracing":
+        raise ValueError(f"setup variant: expected +tracing, got +{variant!r}")
     processes = None
     if m := _PROCESSES.search(text):
         processes, text = int(m.group(1)), text[: m.start()]
     kind, _, policy = text.partition("-")
-    return Setup(kind, policy, processes)
+    return Setup(kind, policy, processes, tracing=bool(plus), source=source or None)
 
 
 def _nginx_binary() -> str | None:
@@ -136,10 +156,12 @@ def _nginx_binary() -> str | None:
 class Launched:
     def __init__(self, setup: Setup, url: str, proc: subprocess.Popen[bytes] | None,
                  log: Path | None, *, pid: int | None = None,
-                 parts: Sequence[Launched] = ()) -> None:
+                 parts: Sequence[Launched] = (),
+                 helpers: Sequence[subprocess.Popen[bytes]] = ()) -> None:
         self.setup, self.url, self.proc, self.log = setup, url, proc, log
         self._pid = pid   # a process this setup did not start (direct: the replica itself)
         self.parts = list(parts)  # the router processes behind a splitter (proc)
+        self.helpers = list(helpers)  # started with it, stopped after it, CPU not counted
 
     @property
     def urls(self) -> list[str]:
@@ -160,23 +182,29 @@ class Launched:
             return "(no log)"
 
     def stop(self, grace: float = 5.0) -> None:
-        p = self.proc
-        if p is not None and p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=5)
+        _terminate(self.proc, grace)
         for part in self.parts:
             part.stop(grace)
+        for helper in self.helpers:  # last: a router flushes its spans to its sink on exit
+            _terminate(helper, grace)
 
     def __enter__(self) -> Launched:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _terminate(p: subprocess.Popen[bytes] | None, grace: float) -> None:
+    if p is None or p.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(timeout=5)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -259,12 +287,28 @@ def _launch_router(setup: Setup, replicas: Sequence[Replica], workdir: Path, por
                    log: Path) -> Launched:
     import yaml
 
+    settings = _router_settings(replicas, setup.policy or "prefix", "xxhash", port)
+    helpers = []
+    if setup.tracing:
+        sink = free_port()
+        helpers.append(_spawn([sys.executable, "-m", "loadtest.otlp_sink", "--port", str(sink)],
+                              log))
+        settings["tracing"] = {"enabled": True,
+                               "endpoint": f"http://127.0.0.1:{sink}/v1/traces"}
+    env, cwd = None, None
+    if setup.source:  # its router package first on the path; cwd without one of ours
+        env = {**os.environ, "PYTHONPATH": str(Path(setup.source).resolve())}
+        cwd = workdir
     conf = workdir / f"{setup.name}.yaml"
-    conf.write_text(yaml.safe_dump(_router_settings(replicas, setup.policy or "prefix",
-                                                    "xxhash", port)))
-    proc = _spawn([sys.executable, "-m", "router", "serve", "--config", str(conf)], log)
-    launched = Launched(setup, f"http://127.0.0.1:{port}", proc, log)
-    _wait(launched, lambda: http_ok(f"{launched.url}/ready"), 30.0)
+    conf.write_text(yaml.safe_dump(settings))
+    proc = _spawn([sys.executable, "-m", "router", "serve", "--config", str(conf)], log,
+                  env=env, cwd=cwd)
+    launched = Launched(setup, f"http://127.0.0.1:{port}", proc, log, helpers=helpers)
+    try:
+        _wait(launched, lambda: http_ok(f"{launched.url}/ready"), 30.0)
+    finally:
+        if proc.poll() is not None:
+            launched.stop()
     return launched
 
 

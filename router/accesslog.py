@@ -4,9 +4,10 @@ Fields: method, path (without the query string), status, replica, branch, key_so
 ttfb_ms, duration_ms, bytes_in, bytes_out, model (the metric label: a served model's name or
 ``unknown``, never the client's string as such), and `limit` on a line that a connection-level
 limit wrote (`router/limits.py`: the dotted setting that refused the request, e.g.
-`limits.header_timeout`; such a line has method and path `-` when the head was not complete).
-Never the body, prompt text, headers or tokens: the record type has no field that could hold
-them. Status 499 marks a client that went away.
+`limits.header_timeout`; such a line has method and path `-` when the head was not complete);
+with tracing on also trace_id and span_id (hex, of the request's SERVER span: the line and the
+trace find each other). Never the body, prompt text, headers or tokens: the record type has no
+field that could hold them. Status 499 marks a client that went away.
 
 Cost: the access log is on every request's path, so it does not go through `logging` (a
 `LogRecord` per request plus the handler chain measured ~120 us of router CPU per request on the
@@ -50,6 +51,8 @@ class AccessRecord:
     bytes_in: int = 0
     bytes_out: int = 0
     model: str = "unknown"
+    trace_id: str | None = None  # set by router.tracing when tracing is on
+    span_id: str | None = None
     limit: str | None = None
 
 
@@ -63,6 +66,9 @@ def encode(record: AccessRecord) -> str:
         "bytes_out": record.bytes_out, "model": record.model}
     if record.limit is not None:
         line["limit"] = record.limit
+    if record.trace_id is not None:
+        line["trace_id"] = record.trace_id
+        line["span_id"] = record.span_id
     return _ENCODER.encode(line)
 
 

@@ -37,7 +37,7 @@ import os
 import socket
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import uvicorn
@@ -51,6 +51,7 @@ from router.errors import (
     ModelNotFound,
     NoReplicaAvailable,
     NotFound,
+    RequestTimeout,
     RouterError,
     TooManyRequests,
     UpstreamError,
@@ -64,8 +65,11 @@ from router.policy import Branch
 from router.proxy import Forwarder, Upstream, make_session
 from router.replicas import EndpointLike, ReplicaSet
 from router.routing import Router
-from router.settings import Settings, settings_from_env
+from router.settings import Settings, SettingsError, settings_from_env
 from router.usage import UsageTap
+
+if TYPE_CHECKING:  # router.tracing imports opentelemetry: only loaded when tracing is on
+    from router.tracing import RequestTrace, Tracing
 
 log = logging.getLogger("prefix_router")
 
@@ -102,6 +106,8 @@ class RouterApp:
         self._seq = 0
         self._open = 0
         self.access_log = AccessLog() if settings.logging.access_log else None
+        self.tracing: Tracing | None = None  # made in startup when tracing is on
+        self._environ = environ
         # found by the http= protocol of `prefix-router serve` (router.limits)
         self.connection_guard = ConnectionGuard(settings.limits, self.metrics, self.access_log)
         self._metrics_here = not settings.admin.enabled
@@ -129,6 +135,7 @@ class RouterApp:
 
     async def startup(self) -> None:
         s = self.settings
+        self.tracing = start_tracing(s, self._environ)
         self._session = make_session(s.proxy)
         self._control = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
                                               cookie_jar=aiohttp.DummyCookieJar())
@@ -166,6 +173,9 @@ class RouterApp:
             if session is not None:
                 await session.close()
         self._session = self._control = None
+        if self.tracing is not None:  # flushes queued spans; the export may wait on the network
+            tracing, self.tracing = self.tracing, None
+            await asyncio.to_thread(tracing.shutdown)
 
     async def _start_admin(self) -> None:
         admin = self.settings.admin
@@ -230,6 +240,7 @@ class RouterApp:
         method: str = scope["method"]
         path: str = scope["path"]
         record = AccessRecord(method, path)
+        trace = None if self.tracing is None else self.tracing.request(scope, record)
         counted = False
         try:
             self.auth.check(scope["headers"])
@@ -241,17 +252,21 @@ class RouterApp:
                 raise TooManyRequests("router at max_in_flight; retry shortly", retry_after=1)
             self._open += 1
             counted = True
-            await self._route(scope, receive, send, record)
+            await self._route(scope, receive, send, record, trace)
         except RouterError as err:
             record.status = err.status
             await self._answer_error(send, err)
         except ClientGone:
             record.status = CLIENT_CLOSED
-            # a limits.* deadline ended the body: the guard answered 408 and wrote the line
             record.limit = refused_by(scope)
+            if record.limit is not None:
+                # a limits.* deadline ended the body: the guard answered it (and logs the line)
+                record.status = RequestTimeout.status
         finally:
             if counted:
                 self._open -= 1
+            if trace is not None:
+                trace.finish(record)
             if self.access_log is not None and record.limit is None:
                 record.duration_ms = round((time.perf_counter() - t0) * 1000, 3)
                 if record.ttfb_ms is not None:
@@ -259,7 +274,7 @@ class RouterApp:
                 self.access_log.emit(record)
 
     async def _route(self, scope: Scope, receive: Receive, send: Send,
-                     record: AccessRecord) -> None:
+                     record: AccessRecord, trace: RequestTrace | None) -> None:
         headers = scope["headers"]
         path: str = scope["path"]
         body = await read_body(receive, headers, self.settings.proxy.max_body_bytes)
@@ -289,6 +304,8 @@ class RouterApp:
         decision, key = routed.decision, routed.key
         record.branch = decision.branch.value
         record.key_source = key.source.value
+        if trace is not None:
+            trace.routed(parsed, key, decision)
         if decision.branch is Branch.SPILL:
             self.metrics.spill(decision.replica, pool.label)
         ring_key = key.ring_key
@@ -297,12 +314,15 @@ class RouterApp:
         assert self.forwarder is not None, "request before lifespan startup"
         try:
             await self.forwarder.forward(scope, receive, send, body if body else None,
-                                         decision.candidates, record, routed)
+                                         decision.candidates, record, routed, trace)
         finally:
             served = routed.served_by
             if served is not None:
-                self.metrics.cached_tokens(served, routed.predicted,
-                                           routed.tap.usage() if routed.tap else None)
+                usage = routed.tap.usage() if routed.tap else None
+                self.metrics.cached_tokens(served, routed.predicted, usage)
+                if trace is not None:
+                    trace.outcome(usage, routed.predicted if self.router.index is not None
+                                  else None)
 
     def _retry_after(self) -> int:
         return max(1, round(min(self.settings.health.interval,
@@ -351,6 +371,20 @@ async def _flush_every_second(access_log: AccessLog) -> None:
         access_log.flush()
 
 
+def start_tracing(settings: Settings, environ: Mapping[str, str]) -> Tracing | None:
+    """The process's tracer when `tracing.enabled` (and OTEL_SDK_DISABLED is not true), else
+    None; the only place router.tracing, and so opentelemetry, is imported."""
+    t = settings.tracing
+    if not t.enabled or environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    try:
+        from router.tracing import Tracing
+    except ImportError as exc:
+        raise SettingsError(f"tracing.enabled: true needs the otel extra (pip install "
+                            f"'prefix-router[otel]'), got ImportError: {exc}") from exc
+    return Tracing(t, settings.routing.policy, environ)
+
+
 def create_app(settings: Settings, *, discovery: Discovery | None = None) -> RouterApp:
     return RouterApp(settings, discovery=discovery)
 
@@ -360,4 +394,4 @@ def app_factory() -> RouterApp:
     return create_app(settings_from_env())
 
 
-__all__ = ["RouterApp", "app_factory", "create_app"]
+__all__ = ["RouterApp", "app_factory", "create_app", "start_tracing"]

@@ -26,6 +26,11 @@ Client disconnect: `receive()` is awaited by a `DisconnectWatch` (no Task) while
 exchange runs; on `http.disconnect` it cancels the request task, which closes (not releases) the upstream
 connection so vLLM sees the disconnect and aborts generation. A disconnect is never retried.
 
+Tracing (`router.tracing`, when on): each attempt starts a CLIENT span before dispatch - the
+request then carries that span as its ``traceparent`` instead of the client's - and ends it in
+the attempt's ``finally`` with the replica's status, the first-byte time and the failure reason;
+a client disconnect is reported too. Off, the trace is None: one ``is None`` test per attempt.
+
 In-flight accounting: `ReplicaState.in_flight` and `prefix_router_in_flight` go up at dispatch
 and down in a `finally` when the attempt ends, however it ends.
 """
@@ -76,9 +81,23 @@ class Attempts(Protocol):
 
 
 __all__ = [
-    "Attempts", "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog", "REPLICA_HEADER",
-    "RETRY_STATUSES", "Upstream", "make_session", "strip_hop_by_hop"
+    "AttemptTrace", "Attempts", "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog",
+    "REPLICA_HEADER", "RETRY_STATUSES", "Upstream", "make_session", "strip_hop_by_hop"
 ]
+
+
+class AttemptTrace(Protocol):
+    """What the proxy reports of each attempt to a request's trace (`router.tracing.
+    RequestTrace`). Absent (None) when tracing is off: one `is None` test per attempt."""
+
+    def attempt(self, replica: str, url: URL, method: str,
+                headers: list[tuple[str, str]]) -> list[tuple[str, str]]: ...
+
+    def attempt_end(self, status: int | None, ttfb_ms: float | None, failure: str | None,
+                    retried: bool) -> None: ...
+
+    def disconnected(self) -> None: ...
+
 
 HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate",
                         b"proxy-authorization", b"proxy-connection", b"te", b"trailer",
@@ -247,7 +266,8 @@ class Forwarder:
 
     async def forward(self, scope: Scope, receive: Receive, send: Send, body: bytes | None,
                       candidates: Iterable[str], record: AccessRecord,
-                      attempts: Attempts | None = None) -> None:
+                      attempts: Attempts | None = None,
+                      trace: AttemptTrace | None = None) -> None:
         """Proxy with retries; watches for client disconnect. Raises RouterError before any
         byte was sent (the caller answers it); returns once the response ended."""
         task = asyncio.current_task()
@@ -261,18 +281,20 @@ class Forwarder:
 
         watch = DisconnectWatch(receive, on_disconnect)
         try:
-            await self._attempts(scope, send, body, candidates, record, attempts)
+            await self._attempts(scope, send, body, candidates, record, attempts, trace)
         except asyncio.CancelledError:
             if not gone:
                 raise
             task.uncancel()
             record.status = CLIENT_CLOSED
+            if trace is not None:
+                trace.disconnected()
         finally:
             watch.close()
 
     async def _attempts(self, scope: Scope, send: Send, body: bytes | None,
                         candidates: Iterable[str], record: AccessRecord,
-                        hooks: Attempts | None) -> None:
+                        hooks: Attempts | None, trace: AttemptTrace | None) -> None:
         up = self.up
         headers = self.request_headers(scope["headers"])
         method = scope["method"]
@@ -294,7 +316,7 @@ class Forwarder:
             url = self._url(replica.url, raw_path, query)
             try:
                 retry_reason = await self._one(replica, method, url, headers, body, send,
-                                               record, last, hooks)
+                                               record, last, hooks, trace)
             except UpstreamError as exc:
                 if not exc.before_response:
                     raise
@@ -310,10 +332,13 @@ class Forwarder:
 
     async def _one(self, replica: ReplicaState, method: str, url: URL,
                    headers: list[tuple[str, str]], body: bytes | None, send: Send,
-                   record: AccessRecord, last: bool, hooks: Attempts | None) -> str | None:
+                   record: AccessRecord, last: bool, hooks: Attempts | None,
+                   trace: AttemptTrace | None) -> str | None:
         """One attempt. Returns a retry reason, or None once the response was relayed."""
         up = self.up
         name = replica.name
+        if trace is not None:
+            headers = trace.attempt(name, url, method, headers)
         replica.in_flight += 1
         up.metrics.dispatched(name)
         if hooks is not None:
@@ -322,13 +347,14 @@ class Forwarder:
         ttfb: float | None = None
         status = CLIENT_CLOSED  # what the metric says if we are cancelled before knowing better
         resp: aiohttp.ClientResponse | None = None
+        failure: str | None = "cancelled"  # for the trace: why the attempt did not succeed
         try:
             try:
                 with translate_upstream(name, "connect/headers", before_response=True):
                     resp = await up.session.request(method, url, data=body, headers=headers,
                                                     timeout=self._timeout, allow_redirects=False)
             except UpstreamError as exc:
-                status = exc.status
+                status, failure = exc.status, exc.reason
                 up.health.record_failure(replica, exc.reason)
                 raise
             status = resp.status
@@ -336,16 +362,18 @@ class Forwarder:
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
                     await resp.read()
                 up.health.record_failure(replica, "5xx")
-                return f"status_{status}"
+                failure = f"status_{status}"
+                return failure
             try:
                 ttfb, broken = await self._relay(replica, resp, send, record, t0, hooks)
             except UpstreamError as exc:
-                status = exc.status
+                status, failure = exc.status, exc.reason
                 up.health.record_failure(replica, exc.reason)
                 raise
             except asyncio.CancelledError:
                 status = CLIENT_CLOSED
                 raise
+            failure = broken
             if broken is not None:
                 up.health.record_failure(replica, broken)
             elif status >= 500:
@@ -363,10 +391,12 @@ class Forwarder:
                 else:  # half-read: never back to the pool; closing makes vLLM abort
                     resp.close()
             record.status = status
-            if ttfb is not None:
-                record.ttfb_ms = ttfb * 1000
             up.metrics.finished(name, record.branch or "", status, ttfb, time.perf_counter() - t0,
                                 record.model)
+            if trace is not None:
+                relayed = record.ttfb_ms is not None
+                trace.attempt_end(None if resp is None else resp.status, record.ttfb_ms,
+                                  failure, not (last or relayed or failure == "cancelled"))
 
     async def _relay(self, replica: ReplicaState, resp: aiohttp.ClientResponse, send: Send,
                      record: AccessRecord, t0: float, hooks: Attempts | None
@@ -380,6 +410,7 @@ class Forwarder:
         with translate_upstream(replica.name, "first byte", before_response=True):
             first = await content.readany()
         ttfb = time.perf_counter() - t0
+        record.ttfb_ms = ttfb * 1000  # here, not by the caller: a cancelled relay keeps it
         tap = None
         if hooks is not None:
             hooks.served(replica, resp.status)

@@ -16,6 +16,7 @@ Cost: linear in the size of the document; done once per process.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -27,12 +28,12 @@ from urllib.parse import urlsplit
 import yaml
 
 __all__ = [
-    "AdminSettings", "AuthSettings", "DISCOVERY_TYPES", "DiscoverySettings", "DnsDiscovery",
-    "HealthSettings", "KubernetesDiscovery", "LOG_LEVELS", "LimitsSettings", "Listen",
-    "LoggingSettings", "POLICIES",
-    "ProxySettings", "RINGS", "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV",
-    "ScrapeSettings", "Settings", "SettingsError", "ShutdownSettings", "load_settings",
-    "parse_backend", "parse_size", "settings_from_env", "write_settings_file"
+    "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
+    "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery", "LOG_LEVELS",
+    "LimitsSettings", "Listen", "LoggingSettings", "POLICIES", "ProxySettings", "RINGS",
+    "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV", "ScrapeSettings", "Settings",
+    "SettingsError", "ShutdownSettings", "TracingSettings", "load_settings", "parse_backend",
+    "parse_size", "settings_from_env", "write_settings_file"
 ]
 
 SETTINGS_ENV = "PREFIX_ROUTER_SETTINGS_FILE"
@@ -469,11 +470,53 @@ class ShutdownSettings:
         return cls(grace_period=r.number("grace_period", cls.grace_period, ge=0))
 
 
+@dataclass(frozen=True)
+class TracingSettings:
+    """OpenTelemetry traces (`router.tracing`, needs the `otel` extra). A field left null defers
+    to its standard OTEL_* variable and then to the SDK's own default; a value set here wins
+    over the variable, as a constructor argument does in the OTel SDK. `OTEL_SDK_DISABLED=true`
+    keeps tracing off whatever `enabled` says."""
+
+    enabled: bool = False
+    # OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces
+    endpoint: str | None = None
+    # OTEL_SERVICE_NAME, else service.name in OTEL_RESOURCE_ATTRIBUTES, else DEFAULT_SERVICE_NAME
+    service_name: str | None = None
+    # ParentBased(TraceIdRatioBased(ratio)); null: OTEL_TRACES_SAMPLER(_ARG), else
+    # parentbased_always_on
+    sample_ratio: float | None = None
+    # routing-key values (a prefix digest, a session id or `user`) on spans: off unless asked
+    record_routing_keys: bool = False
+
+    @classmethod
+    def parse(cls, r: _Reader) -> TracingSettings:
+        ratio = r.check("sample_ratio", None, "a number in [0, 1] or null",
+                        lambda v: v is None or (isinstance(v, int | float)
+                                                and not isinstance(v, bool) and 0 <= v <= 1))
+        return cls(enabled=r.boolean("enabled", cls.enabled),
+                   endpoint=r.check("endpoint", None, "an http(s) URL or null",
+                                    lambda v: v is None or _endpoint_ok(v)),
+                   service_name=r.opt_string("service_name"),
+                   sample_ratio=None if ratio is None else float(ratio),
+                   record_routing_keys=r.boolean("record_routing_keys", cls.record_routing_keys))
+
+
+DEFAULT_SERVICE_NAME = "prefix-router"
+
+
+def _endpoint_ok(v: object) -> bool:
+    if not isinstance(v, str):
+        return False
+    parts = urlsplit(v)
+    _ = parts.port  # raises ValueError on a malformed port
+    return parts.scheme in SCHEMES and bool(parts.hostname)
+
+
 _SECTIONS: dict[str, Any] = {
     "listen": Listen, "discovery": DiscoverySettings, "routing": RoutingSettings,
     "health": HealthSettings, "scrape": ScrapeSettings, "proxy": ProxySettings,
     "limits": LimitsSettings, "auth": AuthSettings, "admin": AdminSettings,
-    "logging": LoggingSettings, "shutdown": ShutdownSettings,
+    "logging": LoggingSettings, "shutdown": ShutdownSettings, "tracing": TracingSettings,
 }
 
 
@@ -492,6 +535,7 @@ class Settings:
     admin: AdminSettings = field(default_factory=AdminSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     shutdown: ShutdownSettings = field(default_factory=ShutdownSettings)
+    tracing: TracingSettings = field(default_factory=TracingSettings)
 
     @classmethod
     def from_dict(cls, data: object) -> Settings:
@@ -540,6 +584,18 @@ class Settings:
         """Cross-section checks that only matter when serving (not when rendering configs)."""
         if self.discovery.type == "static" and not self.replicas:
             raise SettingsError("replicas: static discovery needs at least one replica, got []")
+        if self.tracing.enabled and not _otel_installed():
+            raise SettingsError("tracing.enabled: true needs the otel extra "
+                                "(pip install 'prefix-router[otel]'), got True")
+
+
+def _otel_installed() -> bool:
+    """Whether the `otel` extra's packages can be imported (looked up, not imported)."""
+    try:
+        return all(importlib.util.find_spec(m) is not None for m in (
+            "opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"))
+    except ImportError:  # a parent package is missing
+        return False
 
 
 def parse_backend(text: str, index: int) -> dict[str, Any]:

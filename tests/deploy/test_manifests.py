@@ -18,7 +18,8 @@ from tests.deploy.kustomize import render as _render
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-TREES = ["base", "examples/vllm", "examples/monitoring", "examples/multi-model"]
+TREES = ["base", "examples/vllm", "examples/monitoring", "examples/multi-model",
+         "examples/tracing"]
 K8S_VERSION = "1.32.0"
 
 
@@ -224,3 +225,49 @@ def test_servicemonitor_only_in_the_monitoring_component() -> None:
     assert sm["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert sm["spec"]["endpoints"][0]["port"] in [p["name"] for p in service["spec"]["ports"]]
     assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+def test_tracing_example_wires_router_and_vllm_to_the_collector() -> None:
+    objs = render(DEPLOY / "examples/tracing")
+    _, settings = router_config(objs)
+    assert settings.tracing.enabled and not settings.tracing.record_routing_keys
+    collector = yaml.safe_load(find(objs, "ConfigMap", "otel-collector-config")["data"]
+                               ["config.yaml"])
+    # every component a pipeline names is defined; the traces pipeline batches
+    pipeline = collector["service"]["pipelines"]["traces"]
+    for kind in ("receivers", "processors", "exporters"):
+        assert pipeline[kind] and set(pipeline[kind]) <= set(collector[kind]), kind
+    assert "batch" in pipeline["processors"] and pipeline["processors"][0] == "memory_limiter"
+    assert {e.split("/")[0] for e in pipeline["exporters"]} <= {"otlp", "otlphttp"}
+    assert collector["exporters"]["otlphttp/langfuse"]["endpoint"].endswith("/api/public/otel")
+    assert set(collector["service"]["extensions"]) <= set(collector["extensions"])
+    protocols = collector["receivers"]["otlp"]["protocols"]
+    ports = {name: int(p["endpoint"].rsplit(":", 1)[1]) for name, p in protocols.items()}
+
+    # the router's endpoint is the collector Service's OTLP/HTTP port, and its path
+    service = find(objs, "Service", "otel-collector")
+    ns = service["metadata"]["namespace"]
+    assert settings.tracing.endpoint == f"http://otel-collector.{ns}.svc:{ports['http']}/v1/traces"
+    svc_ports = {p["port"]: p["targetPort"] for p in service["spec"]["ports"]}
+    pod = find(objs, "Deployment", "otel-collector")["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    named = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert named[svc_ports[ports["http"]]] == ports["http"]
+    assert named[svc_ports[ports["grpc"]]] == ports["grpc"]
+    assert all(pod["metadata"]["labels"].get(k) == v
+               for k, v in service["spec"]["selector"].items())
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "config")
+    assert f"--config={mount['mountPath']}/config.yaml" in c["args"]
+    health = int(collector["extensions"]["health_check"]["endpoint"].rsplit(":", 1)[1])
+    assert named[c["readinessProbe"]["httpGet"]["port"]] == health
+
+    # vLLM exports (gRPC, its default protocol) to the same collector
+    (vllm,) = find(objs, "StatefulSet", "vllm")["spec"]["template"]["spec"]["containers"]
+    assert f"--otlp-traces-endpoint=http://otel-collector.{ns}.svc:{ports['grpc']}" in \
+        vllm["args"]
+    assert "--enable-prefix-caching" in vllm["args"]  # the vllm example's args are kept
+    # and the router's NetworkPolicy lets its spans out
+    egress = find(objs, "NetworkPolicy", "prefix-router")["spec"]["egress"]
+    rule = next(r for r in egress if "to" in r and r["to"][0].get("podSelector", {}).get(
+        "matchLabels") == {"app.kubernetes.io/name": "otel-collector"})
+    assert rule["ports"] == [{"port": ports["http"], "protocol": "TCP"}]

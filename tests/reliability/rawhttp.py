@@ -55,14 +55,17 @@ class RawHTTP:
     def _exchange(self, raw: bytes) -> Response:
         sock = self.sock or self._connect()
         sock.sendall(raw)
-        head = self._until(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split(" ", 2)[1])
+        while True:   # interim answers ("100 Continue" to an Expect) precede the response
+            head = self._until(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            status = int(lines[0].split(" ", 2)[1])
+            if not 100 <= status < 200 or status == 101:
+                break
         headers: dict[str, str] = {}
         for line in lines[1:]:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
-        if raw.startswith(b"HEAD ") or status in (204, 304) or 100 <= status < 200:
+        if raw.startswith(b"HEAD ") or status in (204, 304, 101):
             body = b""
         elif "content-length" in headers:
             body = self._exactly(int(headers["content-length"]))

@@ -8,8 +8,9 @@ Bodies: a body trickled one byte per 0.1 s gets 408 within its deadline; a 16 Mi
 ~4 MiB/s (longer than `body_timeout`, faster than `body_min_rate`) is accepted whole. Heads:
 5,000 header lines get 431, a 10 KiB request target 414, both in OpenAI error format. Caps:
 beyond `max_connections` new connections get 503 with Retry-After at once and are closed, never
-left waiting. Deadlines are short here so the suite runs in seconds; bounds are generous for a
-loaded 2-core machine and every assertion is on an outcome.
+left waiting. Deadlines are short here so the suite runs in seconds. Assertions are on outcomes
+and lower bounds; the "within the deadline plus 1 s" figures are timing promises (`promise`,
+asserted in report runs only).
 """
 
 from __future__ import annotations
@@ -28,9 +29,8 @@ import httpx
 import pytest
 
 from loadtest.fleet import Fleet
-from router.limits import LINGER
 from tests.conftest import ThreadedServer, asgi_lifespan, free_port
-from tests.reliability.conftest import RouterProcess, metric, router_config, scaled
+from tests.reliability.conftest import RouterProcess, metric, promise, router_config, scaled
 from tests.reliability.load import chat_body
 from tests.reliability.rawhttp import RawHTTP, request
 
@@ -160,7 +160,7 @@ def test_slowloris_is_closed_at_the_head_deadline(start_fleet: Callable[..., Fle
     measure("limits_slowloris", connections=SLOWLORIS, header_timeout_s=HEAD_TIMEOUT,
             drip_every_s=DRIP_EVERY, connect_all_s=round(out["connect_seconds"], 2),
             held_min_s=round(held[0], 2), held_p50_s=round(held[len(held) // 2], 2),
-            held_max_s=round(held[-1], 2), held_from_connect_call_min_s=round(earliest, 2),
+            held_from_connect_call_min_s=round(earliest, 2),
             answered_408=answered,
             connections_gauge_while_open=out["gauge_while_open"],
             normal_requests=NORMAL, normal_ok=out["normal_status"].count(200),
@@ -168,10 +168,10 @@ def test_slowloris_is_closed_at_the_head_deadline(start_fleet: Callable[..., Fle
             router_fds_before=fds_before, router_fds_after=fds_after,
             router_rss_mib_before=round(rss_before / 1024, 1),
             router_rss_mib_after=round(rss_after / 1024, 1))
+    # held: from the connection established (as this client saw it) to the close it saw
+    promise(measure, "limits_slowloris", "held_max", held[-1], HEAD_TIMEOUT + 1.0)
     assert out["normal_status"] == [200] * NORMAL
     assert answered == SLOWLORIS
-    # held: from the connection established (as this client saw it) to the close it saw
-    assert held[-1] <= HEAD_TIMEOUT + 1.0
     # and none closed early, though dripping: measured from before its connect, which the
     # router's clock cannot precede (but for the event-loop iteration that accepted it)
     assert earliest >= HEAD_TIMEOUT - 0.25
@@ -244,8 +244,11 @@ def read_answer(sock: socket.socket) -> tuple[int, bytes]:
 def test_body_deadline_and_rate(counting_upstream: ThreadedServer,
                                 start_router: Callable[..., RouterProcess],
                                 measure: Callable[..., None]) -> None:
-    router = limited_router(start_router, [counting_upstream.url], ["count"],
-                            body_timeout=BODY_TIMEOUT, body_min_rate=MIN_RATE)
+    router = start_router(router_config(
+        [counting_upstream.url], ["count"], limits={"body_timeout": BODY_TIMEOUT,
+                                                    "body_min_rate": MIN_RATE},
+        admin={"host": "127.0.0.1", "port": free_port()},
+        logging={"level": "info", "access_log": True}))
     # a trickle: 100,000 bytes declared, one a tenth of a second
     with socket.create_connection(("127.0.0.1", router.port), timeout=15) as s:
         s.sendall(request("POST", "/v1/chat/completions", content_length=b"100000"))
@@ -277,12 +280,20 @@ def test_body_deadline_and_rate(counting_upstream: ThreadedServer,
             trickle_status=trickle_status, trickle_bytes_sent=sent,
             trickle_answered_after_s=round(trickle_s, 2), big_body_bytes=len(big),
             big_upload_s=round(upload_s, 2), big_status=big_status)
+    promise(measure, "limits_body", "trickle_answered", trickle_s,
+            round(BODY_TIMEOUT + sent / MIN_RATE + 1.0, 3))
     assert trickle_status == 408 and openai_code(raw.partition(b"\r\n\r\n")[2]) == \
         "request_timeout"
-    assert trickle_s <= BODY_TIMEOUT + sent / MIN_RATE + 1.0
     assert big_status == 200 and json.loads(big_body) == {"received": len(big)}
     assert upload_s > BODY_TIMEOUT   # the rate, not a fixed deadline, let it through
     assert metric(samples, "prefix_router_rejected_total", reason="body_timeout") == 1
+    router.stop()   # flushes the access log
+    lines = [json.loads(line) for line in router.output().splitlines() if line.startswith("{")]
+    # one line per request: the trickle's names its limit (the app wrote no 499 of its own)
+    assert [(ln["status"], ln.get("limit")) for ln in lines] == [
+        (408, "limits.body_timeout"), (200, None)]
+    # (the byte sent in the round whose read brought the 408 may have come after the expiry)
+    assert lines[0]["path"] == "/v1/chat/completions" and sent - 1 <= lines[0]["bytes_in"] <= sent
 
 
 # -- heads -----------------------------------------------------------------------------------
@@ -371,11 +382,11 @@ def test_connections_beyond_the_cap_are_refused(start_fleet: Callable[..., Fleet
         after = c.post(router.url + "/v1/chat/completions", json=chat_body(1, max_tokens=4))
     samples = router.samples()
     measure("limits_cap", max_connections=CAP, beyond=BEYOND,
-            refused_503=statuses.count(503), refused_max_s=round(max(seconds), 3),
+            refused_503=statuses.count(503),
             held_while_refusing=still_held, after_release_status=after.status_code,
             router_fds_before=fds_before, router_fds_after=fd_count(router.pid))
-    assert statuses == [503] * BEYOND
-    assert max(seconds) < LINGER + 5.0
+    promise(measure, "limits_cap", "refused_max", max(seconds), 1.0)
+    assert statuses == [503] * BEYOND   # each answered and then closed (EOF), none left waiting
     assert still_held == CAP
     assert after.status_code == 200
     assert metric(samples, "prefix_router_rejected_total", reason="too_many_connections") == \
@@ -388,7 +399,7 @@ def test_limits_hold_with_workers(start_fleet: Callable[..., Fleet],
                                   start_router: Callable[..., RouterProcess]) -> None:
     """`--workers 2`: each worker imports the protocol by name and finds its app's guard."""
     fleet = start_fleet(1, instant=True)
-    cfg = router_config(fleet.urls, fleet.names, limits={"header_timeout": 1.0})
+    cfg = router_config(fleet.urls, fleet.names, limits={"header_timeout": 2.0})
     cfg["workers"] = 2
     router = start_router(cfg)
 

@@ -24,7 +24,7 @@ MODULES = sorted(m.name for m in pkgutil.walk_packages(router.__path__, "router.
 
 PINNED: dict[str, list[str]] = {
     "router.accesslog": ["AccessLog", "AccessRecord", "CLIENT_CLOSED", "PIPE_BUF", "encode"],
-    "router.app": ["RouterApp", "app_factory", "create_app"],
+    "router.app": ["RouterApp", "app_factory", "create_app", "start_tracing"],
     "router.auth": ["ClientAuth", "bearer_token", "upstream_authorization"],
     "router.body": ["ClientGone", "PROMPT_FIELDS", "read_body", "validate_body"],
     "router.cli": [
@@ -81,8 +81,8 @@ PINNED: dict[str, list[str]] = {
     ],
     "router.prefix_index": ["ApproxIndex", "InFlight", "PrefixIndex", "match_holders"],
     "router.proxy": [
-        "Attempts", "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog", "REPLICA_HEADER",
-        "RETRY_STATUSES", "Upstream", "make_session", "strip_hop_by_hop"
+        "AttemptTrace", "Attempts", "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog",
+        "REPLICA_HEADER", "RETRY_STATUSES", "Upstream", "make_session", "strip_hop_by_hop"
     ],
     "router.ring.base": ["Ring", "RingMember", "distinct_owners"],
     "router.ring.hashring": ["HashRing", "ORDER_CACHE_SIZE"],
@@ -91,12 +91,14 @@ PINNED: dict[str, list[str]] = {
     ],
     "router.routing": ["Routed", "Router"],
     "router.settings": [
-        "AdminSettings", "AuthSettings", "DISCOVERY_TYPES", "DiscoverySettings", "DnsDiscovery",
-        "HealthSettings", "KubernetesDiscovery", "LOG_LEVELS", "LimitsSettings", "Listen",
-        "LoggingSettings", "POLICIES", "ProxySettings", "RINGS", "ReplicaSpec", "RoutingSettings", "SCHEMES",
-        "SETTINGS_ENV", "ScrapeSettings", "Settings", "SettingsError", "ShutdownSettings",
-        "load_settings", "parse_backend", "parse_size", "settings_from_env", "write_settings_file"
+        "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
+        "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery",
+        "LOG_LEVELS", "LimitsSettings", "Listen", "LoggingSettings", "POLICIES", "ProxySettings",
+        "RINGS", "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV", "ScrapeSettings",
+        "Settings", "SettingsError", "ShutdownSettings", "TracingSettings", "load_settings",
+        "parse_backend", "parse_size", "settings_from_env", "write_settings_file"
     ],
+    "router.tracing": ["ATTRIBUTES", "RequestTrace", "Tracing", "operation_name"],
     "router.usage": ["TAIL_BYTES", "Usage", "UsageTap", "parse_usage"],
 }  # fmt: skip
 

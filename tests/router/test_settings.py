@@ -30,6 +30,8 @@ def test_defaults_match_the_documented_schema() -> None:
     assert s.health.eject_after == 3 and s.scrape.enabled is True
     assert s.admin.enabled is False and s.logging.log_prompts is False
     assert s.shutdown.grace_period == 30.0
+    assert s.tracing.enabled is False and s.tracing.record_routing_keys is False
+    assert (s.tracing.endpoint, s.tracing.service_name, s.tracing.sample_ratio) == (None,) * 3
     # nginx: client_header_timeout / client_body_timeout 60s, keepalive_timeout 75s,
     # large_client_header_buffers 4 8k (one 8k buffer for the request line)
     lim = s.limits
@@ -107,6 +109,12 @@ def test_full_document_parses() -> None:
     ({"limits": {"max_connections": 8, "max_connections_per_client": 9}}, "limits.max_connections_per_client: expected an integer <= max_connections (8) or 0 (off), got 9"),
     ({"limits": {"idle_timeout": 5}}, "limits.idle_timeout: unknown key (value 5)"),
     ({"logging": {"level": "loud"}}, "logging.level: expected one of debug | info | warning | error | critical, got 'loud'"),
+    ({"tracing": {"enabled": "on"}}, "tracing.enabled: expected true or false, got 'on'"),
+    ({"tracing": {"endpoint": "collector:4318"}}, "tracing.endpoint: expected an http(s) URL or null, got 'collector:4318'"),
+    ({"tracing": {"sample_ratio": 2}}, "tracing.sample_ratio: expected a number in [0, 1] or null, got 2"),
+    ({"tracing": {"sample_ratio": True}}, "tracing.sample_ratio: expected a number in [0, 1] or null, got True"),
+    ({"tracing": {"service_name": ""}}, "tracing.service_name: expected a non-empty string or null, got ''"),
+    ({"tracing": {"exporter": "otlp"}}, "tracing.exporter: unknown key (value 'otlp')"),
 ])
 def test_errors_name_key_and_value(doc: dict[str, Any], message: str) -> None:
     with pytest.raises(SettingsError) as err:
@@ -130,7 +138,9 @@ def test_parse_size_rejects(value: object) -> None:
 
 def test_round_trip_through_the_worker_settings_file(tmp_path: Path) -> None:
     s = Settings.from_dict({"replicas": ONE, "proxy": {"max_body_bytes": "1KiB"},
-                            "auth": {"api_keys": ["a", "b"]}, "admin": {"port": 9100}})
+                            "auth": {"api_keys": ["a", "b"]}, "admin": {"port": 9100},
+                            "tracing": {"enabled": True, "sample_ratio": 0.25,
+                                        "endpoint": "http://otel:4318/v1/traces"}})
     assert Settings.from_dict(s.to_dict()) == s
     path = tmp_path / "settings.json"
     write_settings_file(s, path)
@@ -193,3 +203,11 @@ def test_settings_are_frozen() -> None:
     with pytest.raises(AttributeError):
         s.workers = 3  # type: ignore[misc]
     assert json.loads(s.to_json())["routing"]["policy"] == "cache_aware"
+
+
+def test_tracing_needs_the_otel_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = Settings.from_dict({"replicas": ONE, "tracing": {"enabled": True}})
+    monkeypatch.setattr("router.settings._otel_installed", lambda: False)
+    with pytest.raises(SettingsError, match=r"tracing.enabled: true needs the otel extra"):
+        s.check_runnable()
+    Settings.from_dict({"replicas": ONE}).check_runnable()  # off: the extra is not needed
