@@ -35,7 +35,7 @@ Cost (cache_aware): O(prompt) hashing, O(chunks) index lookups, O(N) scoring; no
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from router.chunks import NO_CHUNKS, Chunks, request_chunks
@@ -82,12 +82,13 @@ def _novel_key(chunks: Chunks, known: int) -> str | None:
 class Routed:
     """One request's routing decision and its outcome hooks (`router.proxy.Attempts`)."""
 
-    __slots__ = ("_in_flight", "_index", "_open", "cached", "chunks", "decision", "key",
-                 "prompt_tokens", "served_by", "tap")
+    __slots__ = ("_in_flight", "_index", "_on_start", "_open", "cached", "chunks", "decision",
+                 "key", "prompt_tokens", "served_by", "tap")
 
     def __init__(self, key: RoutingKey, decision: Decision, chunks: Chunks,
                  cached: Mapping[str, int], index: PrefixIndex | None,
-                 tap: UsageTap | None, in_flight: InFlight | None = None) -> None:
+                 tap: UsageTap | None, in_flight: InFlight | None = None,
+                 on_start: Callable[[float], None] | None = None) -> None:
         self.key = key
         self.decision = decision
         self.chunks = chunks
@@ -97,6 +98,7 @@ class Routed:
         self.served_by: str | None = None
         self._index = index
         self._in_flight = in_flight
+        self._on_start = on_start
         self._open: dict[str, float] = {}
 
     def prefill_on(self, replica: str) -> float:
@@ -110,6 +112,8 @@ class Routed:
         replica.pending_prefill += cost
         if self._in_flight is not None:
             self._in_flight.add(replica.name, self.chunks)
+        if self._on_start is not None:
+            self._on_start(cost)
 
     def _release(self, replica: ReplicaState) -> None:
         cost = self._open.pop(replica.name, None)
@@ -225,9 +229,13 @@ class Router:
         if decision is None:
             return None
         decision = self._lora(pool, decision, states)
-        new = prompt - cached.get(decision.replica, 0)
-        self._mean_prefill = mean + _EMA * (max(0, new) - mean)
-        return Routed(key, decision, chunks, cached, self.index, tap, self.in_flight)
+        return Routed(key, decision, chunks, cached, self.index, tap, self.in_flight,
+                      self._dispatched)
+
+    def _dispatched(self, prefill: float) -> None:
+        """An attempt was dispatched with this predicted prefill (the running mean that prices
+        other routers' waiting requests)."""
+        self._mean_prefill += _EMA * (prefill - self._mean_prefill)
 
     def _lora(self, pool: Pool | None, decision: Decision,
               states: Sequence[ReplicaState]) -> Decision:
