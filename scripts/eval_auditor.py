@@ -21,9 +21,12 @@ Reads ``../shared/data`` at run time (nothing from it is copied into the reposit
 
 3. **Generated traces** (``gen_traces.py``, scored by ``eval_generated.py``): the held-out seeds
    of issue 19 (tuning was done on seeds 0-9 only).
+4. **Independent traces** (``gen_traces_independent.py``, scored by ``eval_independent.py``,
+   which runs ``prefix-audit`` as a user does): a second generator written apart from the one
+   the auditor was tuned on; its held-out seeds (tuning used 101-106 only).
 
 Usage: ``python scripts/eval_auditor.py [--data ../shared/data] [--requests 40] [--json]
-[--generated-seeds 1000 1001 ...]``.
+[--generated-seeds 1000 1001 ...] [--independent-seeds 7001 7002 ...]``.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import eval_independent
 from eval_generated import HELD_OUT_SEEDS, evaluate, print_summary, summarise
 
 from templates_audit.analysis import Auditor
@@ -437,6 +441,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--generated-seeds", type=int, nargs="*", default=list(HELD_OUT_SEEDS),
                    help="seeds of the held-out generated traces (gen_traces.py); none: skip")
+    p.add_argument("--independent-seeds", type=int, nargs="*",
+                   default=list(eval_independent.HELD_OUT_SEEDS),
+                   help="seeds of the held-out independent traces (gen_traces_independent.py); "
+                        "none: skip")
     args = p.parse_args(argv)
     data = Path(args.data)
     if not (data / "system_prompts" / "manifest.jsonl").exists():
@@ -450,12 +458,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     generated = (summarise([evaluate(seed) for seed in args.generated_seeds])
                  if args.generated_seeds else None)
+    independent = (eval_independent.summarise(eval_independent.evaluate(args.independent_seeds))
+                   if args.independent_seeds else None)
     if args.json:
-        print(json.dumps({"spans": spans, "chat_templates": tmpl, "generated": generated},
-                         indent=2))
+        print(json.dumps({"spans": spans, "chat_templates": tmpl, "generated": generated,
+                          "independent": independent}, indent=2))
         return 0
     if generated is not None:
         print_summary(generated)
+    if independent is not None:
+        eval_independent.print_summary(independent)
     print(f"span eval: {spans['requests']} requests, {spans['prompts']} prompts, "
           f"{spans['templates']} templates ({spans['dynamic_prompts_split']} dynamic prompts split)")
     print(f"  recall (right kind) {spans['recall']:.3f} over {spans['labelled_spans']} "

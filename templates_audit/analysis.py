@@ -384,8 +384,9 @@ class Auditor:
         templates: list[Template] = []
         for tpl in self.templates.values():
             tf = [f for st in tpl.merged_spans() if (f := self._finding(tpl, st)) is not None]
-            if tpl.history is not None and tpl.history.reordered:
-                tf.append(self._history_finding(tpl, tpl.history))
+            hs = tpl.history
+            if hs is not None and (hs.reordered or (hs.sampled and hs.pooled)):
+                tf.append(self._history_finding(tpl, hs))
             tf.sort(key=lambda f: f.first_token)
             findings.extend(tf)
             static_tokens = len(tpl.static_ids)
@@ -464,7 +465,7 @@ class Auditor:
         lost = _full_blocks(first, end, bs)
         role = Role.ASSISTANT if hs.role == "assistant" else Role.USER
         before = (tpl.static_text + hs.lead)[-CONTEXT_CHARS:]
-        kind = "reordered_block"
+        kind = "sampled_block" if hs.sampled and hs.pooled else "reordered_block"
         examples = self._examples(hs.examples, kind)
         start = len(tpl.static_text) + len(hs.lead)
         return Finding(

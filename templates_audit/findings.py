@@ -11,10 +11,12 @@ Algorithm (per request whose static part differs from the reference's):
    few when only their union is (two lines swapped across lines that stayed in place).
 3. Other differing line pairs are diffed at word level; each differing run is widened to whole
    words and to any detector match (``scan``) it touches, runs separated only by punctuation or
-   space are merged, and each span's kind comes from ``classify(before, value, after)``. A pair
+   space are merged (not two detected values parted by punctuation: ``<uuid>, <date>``), and
+   each span's kind comes from ``classify(before, value, after)``. A pair
    that differs only in whitespace is one ``whitespace`` span.
 4. Rewritten text is one span, not a confetti of word diffs: a line pair whose word diff has
-   :data:`PROSE_RUNS` or more runs of plain words (no detected value), or such runs of
+   :data:`PROSE_RUNS` or more runs of plain words (no detected value, and not shaped like a
+   name or an id: ``Dagný van der Berg · Employee no. E40522 · Region: EMEA`` is three values), or such runs of
    :data:`PROSE_WORDS` words or more in all, is one span over its changed middle; a cluster with two
    or more such lines (retrieved documents, a per-user paragraph) is one multi-line span.
    Replace/insert/delete runs that only blank lines separate are one run (paragraphs).
@@ -35,6 +37,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from templates_audit.detectors import Kind, Match, classify, scan
+from templates_audit.detectors.shapes import id_shaped, name_shaped
 
 __all__ = ["Span", "changed_lines", "changed_range", "common_prefix", "common_suffix",
            "diff_spans", "line_matches", "line_spans"]
@@ -283,7 +286,7 @@ def line_spans(a: str, b: str) -> tuple[Span, ...]:
         sb, eb = _widen(b, *rb)
         runs.append([sa, ea, sb, eb])
     spans = _spans(a, b, runs)
-    prose = [sp for sp in spans if sp.kind == _OTHER]
+    prose = [sp for sp in spans if sp.kind == _OTHER and not _shaped(b[sp.start:sp.end] or a[sp.ref_start:sp.ref_end])]
     if len(prose) >= PROSE_RUNS or max(
             sum(len(_PLAIN.findall(a, sp.ref_start, sp.ref_end)) for sp in prose),
             sum(len(_PLAIN.findall(b, sp.start, sp.end)) for sp in prose)) >= PROSE_WORDS:
@@ -294,6 +297,11 @@ def line_spans(a: str, b: str) -> tuple[Span, ...]:
 _OTHER = Kind.OTHER.value
 
 
+def _shaped(value: str) -> bool:
+    """A run no detector names that is still a value, not prose: a name or an id by its shape."""
+    return name_shaped(value) or id_shaped(value)
+
+
 def _rewritten(a: str, b: str, runs: list[list[int]]) -> tuple[Span, ...]:
     """One span over every run: the line was rewritten, not a value changed."""
     sa, ea = min(r[0] for r in runs), max(r[1] for r in runs)
@@ -301,14 +309,26 @@ def _rewritten(a: str, b: str, runs: list[list[int]]) -> tuple[Span, ...]:
     return (Span(sa, ea, sb, eb, _side_kind(a, b, sa, ea, sb, eb), multi_line=True),)
 
 
+def _two_values(text: str, s0: int, e0: int, s1: int, e1: int) -> bool:
+    """Whether ``text[s0:e0]`` and ``text[s1:e1]`` are each exactly one detected value and
+    punctuation, not only space, parts them (``<uuid>, 2025-03-03``): two values, two spans."""
+    if not any(not c.isspace() for c in text[e0:s1]):
+        return False
+    bounds = {(m.start, m.end) for m in line_matches(text)}
+    return (s0, e0) in bounds and (s1, e1) in bounds
+
+
 def _spans(a: str, b: str, runs: list[list[int]]) -> tuple[Span, ...]:
-    """Merge widened runs separated by punctuation/space only, and give each its kind."""
+    """Merge widened runs separated by punctuation/space only (unless they are two detected
+    values parted by punctuation), and give each its kind."""
     merged: list[list[int]] = []
     for r in sorted(runs, key=lambda r: (r[2], r[0])):
         if merged:
             last = merged[-1]
             gap = b[last[3]:r[2]] if r[2] > last[3] else ""
-            if r[2] <= last[3] or r[0] <= last[1] or not any(c.isalnum() for c in gap):
+            if r[2] <= last[3] or r[0] <= last[1] or (
+                    not any(c.isalnum() for c in gap)
+                    and not _two_values(b, last[2], last[3], r[2], r[3])):
                 last[0], last[1] = min(last[0], r[0]), max(last[1], r[1])
                 last[2], last[3] = min(last[2], r[2]), max(last[3], r[3])
                 continue

@@ -26,8 +26,9 @@ Three lookups, cheapest first:
      short templates of the model sharing :data:`WORD_OVERLAP` of their words (fewer than
      :data:`MIN_LINES` non-empty lines) are aligned with the text word by word
      (:func:`skeleton_match`): the same static skeleton with at most :data:`MAX_SLOTS` varying
-     slots, each a value (``classify``: a name, a number, an id... — not prose) of at most
-     :data:`MAX_SLOT_WORDS` words. So a prompt whose first sentence names the user is one
+     slots, each a value (``classify``: a name, a number, an id... — not prose; a slot of more
+     than :data:`PROSE_SLOT_WORDS` words only when it is shaped like a name, ``Aisha van der
+     Berg``) of at most :data:`MAX_SLOT_WORDS` words. So a prompt whose first sentence names the user is one
      template, wherever the name sits and however much static text follows, while "You are a
      help desk bot. Classify …" and "You are the official help desk bot. Extract …" stay two;
      and "You are a helpful assistant." and "You are a pirate." stay two;
@@ -53,6 +54,7 @@ from collections.abc import Callable
 import xxhash
 
 from templates_audit.detectors import Kind, classify
+from templates_audit.detectors.shapes import name_shaped
 from templates_audit.findings import changed_range, common_prefix, common_suffix, line_matches
 
 __all__ = ["GUESS_CHARS", "HEAD_LINES", "LINE_SIMILARITY", "TAIL_CHARS", "TemplateIndex", "mask_line",
@@ -128,8 +130,9 @@ def skeleton_match(ref: str, text: str, value_like: Callable[[str, str, str], bo
         na = wa[i2 - 1][1] - wa[i1][0] if i2 > i1 else 0
         nb = wb[j2 - 1][1] - wb[j1][0] if j2 > j1 else 0
         src, x, y = (b, wb[j1][0], wb[j2 - 1][1]) if j2 > j1 else (a, wa[i1][0], wa[i2 - 1][1])
-        if max(i2 - i1, j2 - j1) > PROSE_SLOT_WORDS or not value_like(
-                src[max(0, x - 96):x], src[x:y], src[y:y + 96]):
+        value = src[x:y]
+        if (max(i2 - i1, j2 - j1) > PROSE_SLOT_WORDS and not name_shaped(value)) or not value_like(
+                src[max(0, x - 96):x], value, src[y:y + 96]):
             prose += max(na, nb)
         varying += max(na, nb)
     larger = max(len(ref), len(text))
@@ -141,7 +144,7 @@ def _value_like(before: str, value: str, after: str) -> bool:
         return False
     if len(value.split()) == 1 and any(c.isdigit() for c in value):
         return True  # one token holding a digit: a code, a model id (`claude-sonnet-4`), a number
-    return classify(before[-96:], value, after[:96]) is not Kind.OTHER or (
+    return classify(before[-96:], value, after[:96]) is not Kind.OTHER or name_shaped(value) or (
         value[:1].isupper() and len(value.split()) <= 3
     )
 

@@ -7,6 +7,14 @@ the prefix cache stops at the first example. Real histories never repeat as a pe
 another request's, so the test is exact: a request whose history is the same multiset of
 (role, content) messages as its template's reference history, in another order, reorders it.
 
+Few-shot turns can also be *drawn* from a pool: k of n example pairs per request, in random
+order. Their histories are no permutation of one another, but they reuse the same
+(message, next message) pairs at different positions, which a conversation never does: a
+follow-up resends its history with every pair where it was, and two conversations share no
+pairs (a pair is messages 2i and 2i+1: a question and its answer). So a template whose histories put a pair seen before at another position
+(:data:`MIN_DISPLACED` times), with at most :data:`POOL_MAX` distinct pairs, samples its
+examples from a pool: ``sampled_block``, fixed by one set in one order (the reference's).
+
 Per template, :class:`HistoryState` keeps the first history of :data:`MIN_TURNS` or more
 messages it saw (the *history reference*: where it starts and ends in that request's prompt,
 its tokens) and counts the requests that carry the same turns, the orders seen and a few
@@ -14,7 +22,8 @@ examples. :meth:`HistoryState.observe` returns, for a reordered request, where i
 in its prompt, so the achievable replay can put the reference order there instead — the
 request as it would be if the examples were sorted.
 
-Cost: nothing for single-turn requests; one hash per history message otherwise.
+Cost: nothing for single-turn requests; one hash per history message otherwise (and one per
+pair, against a pool of at most :data:`POOL_MAX` pairs).
 """
 
 from __future__ import annotations
@@ -28,6 +37,13 @@ __all__ = ["MIN_TURNS", "HistoryState", "history_key"]
 MIN_TURNS = 2
 MAX_ORDERS = 4096
 MAX_EXAMPLES = 5
+POOL_MAX = 64  # distinct example pairs of a pool (a larger set is conversations, not a pool)
+MIN_DISPLACED = 3  # pairs seen at another position than before that make a pool
+
+
+def _pairs(key: tuple[int, ...]) -> list[int]:
+    """The history's turns two by two (an example's question and answer), hashed."""
+    return [hash(key[i:i + 2]) for i in range(0, len(key) - 1, 2)]
 
 
 def _content(message: dict[str, Any]) -> str:
@@ -77,6 +93,30 @@ class HistoryState:
     orders: set[int] = field(default_factory=set)
     capped: bool = False
     examples: list[str] = field(default_factory=list)
+    # The pool of example pairs (first position seen) and how often a pair came back elsewhere.
+    pairs: dict[int, int] = field(default_factory=dict)
+    pool_full: bool = False
+    displaced: int = 0
+    sampled: int = 0  # requests drawing other examples from the pool (a sampled_block)
+
+    @property
+    def pooled(self) -> bool:
+        """Whether the histories are drawn from a pool of examples (see the module docstring)."""
+        return not self.pool_full and self.displaced >= MIN_DISPLACED
+
+    def _draw(self, key: tuple[int, ...]) -> bool:
+        """Account the pairs of a history; whether it reuses a pair of the pool."""
+        reused = False
+        for i, pair in enumerate(_pairs(key)):
+            first = self.pairs.get(pair)
+            if first is not None:
+                reused = True
+                self.displaced += first != i
+            elif len(self.pairs) < POOL_MAX:
+                self.pairs[pair] = i
+            else:
+                self.pool_full = True
+        return reused
 
     @classmethod
     def start(cls, key: tuple[int, ...], text: str, static_end: int,
@@ -92,6 +132,7 @@ class HistoryState:
                  encode(lead + text[span[0]:span[1]]), len(encode(lead)))
         st.orders.add(hash(key))
         st.examples.append(st.text)
+        st._draw(key)
         return st
 
     def observe(self, key: tuple[int, ...], text: str, static_end: int,
@@ -101,10 +142,14 @@ class HistoryState:
         if key == self.key:
             self.requests += 1
             return None
+        reused = self._draw(key)
         if len(key) != len(self.key) or sorted(key) != sorted(self.key):
-            return None  # another conversation: expected variation
+            if not (reused and self.pooled):
+                return None  # another conversation: expected variation
+            self.sampled += 1
+        else:
+            self.reordered += 1
         self.requests += 1
-        self.reordered += 1
         order = hash(key)
         if order not in self.orders:
             if len(self.orders) >= MAX_ORDERS:

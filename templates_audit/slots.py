@@ -6,9 +6,17 @@ requests (issue 19):
 * **variant** — a slot of kind ``other`` or ``name`` with at most :data:`VARIANT_MAX` distinct
   values over at least :data:`VARIANT_REQUESTS` requests per value (a reply language, a plan
   name): each value is its own cached prefix, so it is not a per-request breaker;
-* **name** — an ``other`` slot whose distinct values are mostly capitalised one-to-three-word
-  names (:data:`NAME_SHARE`; a diff may keep only the surname) and more than :data:`VARIANT_MAX` of them: a person's name with no
-  cue ("You are talking with Maria Gonzalez");
+* **version** — a slot of kind ``other``, ``name``, ``numeric_id`` or ``hex_id`` with at most
+  :data:`VARIANT_MAX` distinct values, each holding a digit, that follow one another in trace
+  order (each value's requests in one run: ``switches`` < distinct values): a prompt tag or a
+  build number that changed with a deploy (``[notes-prompt v3.4.1]`` then ``v3.4.2``,
+  ``assistant-prompt@4.11.0-rc.1``, ``model-2025-04``), where a variant's values interleave;
+* **variant** — see above;
+* **name** — an ``other`` slot whose distinct values are mostly shaped like names
+  (:func:`.detectors.shapes.name_shaped`, in any script, on the part of each value that differs
+  from the reference's: ``お客様は田中 健様です`` counts ``田中 健``; :data:`NAME_SHARE`) and more than
+  :data:`VARIANT_MAX` of them: a person's name with no cue ("Maëlle van der Berg has contacted
+  us before");
 * **sampled_block** — a multi-line ``other`` slot whose values are drawn from a small pool of
   lines (at most :data:`POOL_MAX` distinct lines, each seen :data:`POOL_REPEATS` times on
   average, over at least :data:`POOL_VALUES` distinct values): few-shot examples picked and
@@ -23,7 +31,7 @@ import re
 
 from templates_audit.detectors import Kind
 
-__all__ = ["NAME_SHAPE", "POOL_MAX", "slot_kind", "value_lines"]
+__all__ = ["POOL_MAX", "slot_kind", "value_core", "value_lines"]
 
 VARIANT_MAX = 4
 VARIANT_REQUESTS = 5
@@ -31,9 +39,33 @@ NAME_SHARE = 0.8
 POOL_MAX = 64
 POOL_REPEATS = 2.0
 POOL_VALUES = 3
-NAME_SHAPE = re.compile(r"[A-Z][a-z]+(?:[-'][A-Z]?[a-z]+)?(?: [A-Z][a-z]+(?:[-'][A-Z]?[a-z]+)?){0,2}")
 _PIECES = re.compile(r"\n| … ")
 _PLAIN = frozenset({Kind.OTHER.value, Kind.NAME.value})
+_RELEASED = _PLAIN | {Kind.NUMERIC_ID.value, Kind.HEX_ID.value}
+
+
+def _cased_inside(text: str, i: int) -> bool:
+    """Whether position ``i`` falls inside a word of a cased script (a cut there splits it)."""
+    return 0 < i < len(text) and text[i - 1].isalnum() and text[i].isalnum() and not (
+        text[i - 1].isalpha() and not text[i - 1].isupper() and not text[i - 1].islower())
+
+
+def value_core(value: str, ref: str) -> str:
+    """``value`` without the characters it shares with ``ref`` at both ends, cut at word
+    boundaries (in a caseless script any character boundary is one): the part of a slot value
+    that varies when the diff widened it to a whole run of CJK text."""
+    n = min(len(value), len(ref))
+    p = 0
+    while p < n and value[p] == ref[p]:
+        p += 1
+    s = 0
+    while s < n - p and value[len(value) - 1 - s] == ref[len(ref) - 1 - s]:
+        s += 1
+    while p > 0 and _cased_inside(value, p):
+        p -= 1
+    while s > 0 and _cased_inside(value, len(value) - s):
+        s -= 1
+    return value[p:len(value) - s].strip()
 
 
 def value_lines(value: str) -> list[str]:
@@ -42,9 +74,16 @@ def value_lines(value: str) -> list[str]:
 
 
 def slot_kind(kind: str, *, distinct: int, capped: bool, requests: int, multi_line: bool,
-              name_like: int, pool: int, pool_full: bool, pool_lines: int) -> str:
+              name_like: int, pool: int, pool_full: bool, pool_lines: int,
+              switches: int = 0, digit_values: int = 0) -> str:
     """The report kind of a slot whose spans were classified ``kind`` (see the module
-    docstring); ``requests``: the template's requests."""
+    docstring); ``requests``: the template's; ``switches``: how often its value changed from
+    one of the template's requests to the next; ``digit_values``: distinct values holding a
+    digit."""
+    if (kind in _RELEASED and not multi_line and not capped and 1 < distinct <= VARIANT_MAX
+            and digit_values == distinct and switches < distinct
+            and requests >= VARIANT_REQUESTS * distinct):
+        return Kind.VERSION.value
     if kind not in _PLAIN:
         return kind
     if multi_line:

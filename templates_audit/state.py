@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 import xxhash
 
 from templates_audit.blocks import block_token_hashes
+from templates_audit.detectors.shapes import name_shaped
 from templates_audit.findings import Span
 from templates_audit.history import HistoryState
 from templates_audit.model import Role
 from templates_audit.replay import Head
-from templates_audit.slots import NAME_SHAPE, POOL_MAX, slot_kind, value_lines
+from templates_audit.slots import POOL_MAX, slot_kind, value_core, value_lines
 
 __all__ = ["MAX_DISTINCT", "MAX_EXAMPLES", "MAX_SPANS", "SpanStats", "StaticPart", "TemplateState"]
 
@@ -49,6 +50,13 @@ class SpanStats:
     name_like: int = 0
     pool: set[int] = field(default_factory=set)
     pool_lines: int = 0
+    # Trace order (slots.slot_kind tells a release from a variant by it): the template request
+    # that last carried a value here, that value's hash, and how often the value changed.
+    last_request: int = 0
+    last_hash: int = 0
+    switches: int = 0
+    digit_values: int = 0
+    first: str | None = None  # the reference's value: what value_core trims against
 
     def absorb(self, other: SpanStats) -> None:
         """Take in ``other``, a span found apart that turned out to be part of this one.
@@ -64,21 +72,41 @@ class SpanStats:
             self._keep(h)
         self.examples += other.examples[:MAX_EXAMPLES - len(self.examples)]
         self.name_like += other.name_like
+        self.digit_values += other.digit_values
+        self.switches = max(self.switches, other.switches)
         self.pool_lines += other.pool_lines
         for h in other.pool:
             if len(self.pool) > POOL_MAX:
                 break
             self.pool.add(h)
 
-    def add_value(self, value: str) -> None:
-        if not self._keep(xxhash.xxh3_64_intdigest(value.encode("utf-8", "surrogatepass"))):
+    def add_value(self, value: str, request: int = 0, block: str | None = None) -> None:
+        """Count one value; ``request``: the template request carrying it (0: the reference's
+        own value, not an observation in trace order); ``block``: the value widened to whole
+        lines, what a pool of example lines is judged by (a diff cuts a block's first and last
+        line where they happen to agree with the reference's)."""
+        h = xxhash.xxh3_64_intdigest(value.encode("utf-8", "surrogatepass"))
+        if request:
+            # A gap since the last request that carried a value here: the requests between
+            # had the reference's value (a change there and back); the first one changed it.
+            if not self.last_request or request > self.last_request + 1:
+                self.switches += 1 if not self.last_request else 2
+            elif h != self.last_hash:
+                self.switches += 1
+            self.last_request, self.last_hash = request, h
+        if not self._keep(h):
             return
         if len(self.examples) < MAX_EXAMPLES:
             self.examples.append(value)
-        if NAME_SHAPE.fullmatch(value.strip()):
+        if self.first is None:
+            self.first = value
+        if name_shaped(value_core(value, self.first) if value != self.first else value):
             self.name_like += 1
-        if "\n" in value or " … " in value:
-            for line in value_lines(value):
+        if any(c.isdigit() for c in value):
+            self.digit_values += 1
+        block = value if block is None else block
+        if "\n" in block or " … " in block:
+            for line in value_lines(block):
                 self.pool_lines += 1
                 if len(self.pool) <= POOL_MAX:
                     self.pool.add(hash(line))
@@ -91,7 +119,8 @@ class SpanStats:
         return slot_kind(kind, distinct=len(self.values), capped=self.capped, requests=requests,
                          multi_line=self.multi_line, name_like=self.name_like,
                          pool=len(self.pool), pool_full=len(self.pool) > POOL_MAX,
-                         pool_lines=self.pool_lines)
+                         pool_lines=self.pool_lines, switches=self.switches,
+                         digit_values=self.digit_values)
 
     def _keep(self, h: int) -> bool:
         """Count value hash ``h``; True when it is new and kept (beyond MAX_DISTINCT: capped)."""
@@ -116,6 +145,12 @@ class StaticPart:
     # last span): the reference's first `ach_shared` tokens, then `ach_ids`, this part's own.
     ach_ids: list[int] | None = None
     ach_shared: int = 0
+
+
+def _whole_lines(text: str, start: int, end: int) -> str:
+    """``text[start:end]`` widened to the lines it touches."""
+    stop = text.find("\n", end)
+    return text[text.rfind("\n", 0, start) + 1:len(text) if stop < 0 else stop]
 
 
 def _meets(s0: int, e0: int, s1: int, e1: int) -> bool:
@@ -175,17 +210,21 @@ class TemplateState:
     def observe(self, spans: Sequence[Span], text: str) -> None:
         """Accumulate one request's spans. Spans of one request that land in one span of the
         template (the paragraphs of one block) count as one request and one value (joined)."""
-        values: dict[int, tuple[SpanStats, list[str]]] = {}  # id(stats) -> its values
+        values: dict[int, tuple[SpanStats, list[str], list[str]]] = {}  # id(stats) -> values
         for sp in spans:
             stats = self.stats_for(sp)
             if stats is None:
                 continue
             stats.kinds[sp.kind] += 1
             stats.multi_line |= sp.multi_line
-            values.setdefault(id(stats), (stats, []))[1].append(text[sp.start:sp.end])
-        for stats, vals in values.values():
+            entry = values.setdefault(id(stats), (stats, [], []))
+            entry[1].append(text[sp.start:sp.end])
+            if sp.multi_line:
+                entry[2].append(_whole_lines(text, sp.start, sp.end))
+        for stats, vals, blocks in values.values():
             stats.differed += 1
-            stats.add_value(vals[0] if len(vals) == 1 else " … ".join(vals))
+            stats.add_value(vals[0] if len(vals) == 1 else " … ".join(vals), self.requests,
+                            " … ".join(blocks) if blocks else None)
 
     def merged_spans(self) -> list[SpanStats]:
         """The spans in reference order, those that meet after growing apart merged (a span
@@ -213,6 +252,8 @@ class TemplateState:
             return None
         value = self.static_text[sp.ref_start:sp.ref_end]
         st = SpanStats(sp.ref_start, sp.ref_end, self.role_at(sp.ref_start, value))
-        st.add_value(value)  # the reference's own value is one of the distinct values
+        # the reference's own value is one of the distinct values
+        st.add_value(value, block=_whole_lines(self.static_text, sp.ref_start, sp.ref_end)
+                     if sp.multi_line else None)
         self.spans.append(st)
         return st

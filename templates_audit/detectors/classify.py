@@ -7,8 +7,11 @@ The auditor finds varying spans by diffing renders, so a span is often a fragmen
    gives the kind (so a fragment inherits the kind of the value it belongs to);
 3. otherwise look at the span widened to whole words: weekday/month names and years are
    dates, long digit runs numeric ids, mixed hex ids and long opaque tokens (ULIDs) `hex_id`,
-   IPv4 addresses `other`, dotted numbers versions, `@` emails;
-4. a capitalised word after a name cue ("name is", "User:", "Hello") is a name;
+   IPv4 addresses `other`, dotted numbers versions, `@` emails, other id-shaped tokens
+   (`shapes.id_shaped`: `E40522`, `cus_Qhf9ZHiE2ZpMc4`) `numeric_id` or `hex_id` by whether
+   digits or letters dominate;
+4. a name-shaped run (`shapes.name_shaped`) after a name cue ("name is", "User:", "Hello",
+   "Patient:") is a name;
 5. anything else is `other`.
 Never raises. Cost: one `scan` over at most 2 * 96 characters plus the span.
 """
@@ -20,6 +23,7 @@ import re
 from .credentials import is_secret
 from .kinds import Kind
 from .scan import scan
+from .shapes import id_shaped, name_shaped
 
 _WINDOW = 96
 _WEEKDAY_OR_MONTH = re.compile(
@@ -34,10 +38,10 @@ _HEX = re.compile(r"(?:0[xX])?[0-9a-fA-F]{8,}")
 _IPV4 = re.compile(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})")
 _OPAQUE = re.compile(r"[A-Za-z0-9_-]{16,}")  # a ULID, a session token: letters and digits mixed
 _NAME_CUE = re.compile(
-    r"(?i)(?:name|named|called|user|talking\s+to|speaking\s+(?:to|with)|hello|hi|hey|dear)"
+    r"(?i)(?:name|named|called|user|talking\s+to|speaking\s+(?:to|with)|hello|hi|hey|dear"
+    r"|customer|client|patient|member|employee|guest|caller|student|prospect)"
     r"[\s:,'\"]*$"
 )
-_NAME_TOKEN = re.compile(r"[A-Z][a-z]+(?:[\s'-][A-Z][a-z]+)*")
 
 
 def _overlapping_kind(before: str, value: str, after: str) -> Kind | None:
@@ -90,6 +94,9 @@ def _token_kind(token: str) -> Kind | None:
         and sum(c.isalpha() for c in token) >= 4
     ):
         return Kind.HEX_ID  # an opaque id: the kinds have no closer name
+    if id_shaped(token):  # `E40522`, `OD-227-568-Y`, `usr_4vg8898eta`, `4412 0091 7730`
+        digits = sum(c.isdigit() for c in token)
+        return Kind.NUMERIC_ID if digits >= sum(c.isalpha() for c in token) else Kind.HEX_ID
     return None
 
 
@@ -109,6 +116,6 @@ def classify(before: str, value: str, after: str = "") -> Kind:
     kind = _token_kind(token)
     if kind is not None:
         return kind
-    if _NAME_TOKEN.fullmatch(token) and _NAME_CUE.search(left_context):
+    if name_shaped(token) and _NAME_CUE.search(left_context):
         return Kind.NAME
     return Kind.OTHER

@@ -44,6 +44,16 @@ def numeric_date_ok(m: re.Match[str], text: str) -> bool:
     return valid_ymd(year, a, b) or valid_ymd(year, b, a)
 
 
+def short_year_date_ok(m: re.Match[str], text: str) -> bool:
+    """`03/04/25`: a real date in 2000-2099 read month/day or day/month; a dotted one is not
+    a version (`version 10.11.12`)."""
+    a, b, year = int(m["a"]), int(m["b"]), 2000 + int(m["y"])
+    if not (valid_ymd(year, a, b) or valid_ymd(year, b, a)):
+        return False
+    start = m.start()
+    return m["sep"] == "/" or _VERSION_CUE.search(text, max(0, start - 48), start) is None
+
+
 def compact_date_ok(m: re.Match[str], text: str) -> bool:
     """`YYYYMMDD` must be a real calendar date."""
     digits = m[0]
@@ -301,6 +311,15 @@ _VERSION_CUE = re.compile(
     r"(?:(?i:\bversion|\bver\.|\brelease|\bbuild)|\b(?:OS|IDE|SDK|API|Windows|macOS|Darwin"
     r"|Linux|iOS|Android))(?:\s+is)?[\s:=(]*(?:[A-Za-z0-9]+\s+){0,2}$"
 )
+
+
+_BUILD_CUE = re.compile(r"(?i)\b(?:build|rev|revision)(?:\s+(?:no\.?|number))?[\s:#=]*$")
+
+
+def build_cue_ok(m: re.Match[str], text: str) -> bool:
+    """A number right after `build`, `rev`, `revision` (`build 7860`, `Rev. 42` is no cue)."""
+    start = m.start()
+    return _BUILD_CUE.search(text, max(0, start - 24), start) is not None
 
 
 def version_ok(m: re.Match[str], text: str) -> bool:

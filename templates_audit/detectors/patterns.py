@@ -70,6 +70,36 @@ WEEKDAY = (
 # Gates (substrings every match holds): the first letters of every alternative above.
 MONTH_GATE = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 WEEKDAY_GATE = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+# German, French, Spanish, Italian, Portuguese and Dutch month and weekday names, either case
+# of the first letter (German and Dutch capitalise them, the others do not).
+_L10N_MONTHS = (
+    "Januar Februar März Maerz April Mai Juni Juli August September Oktober November Dezember "
+    "janvier février mars avril juin juillet août septembre octobre novembre décembre "
+    "enero febrero marzo abril mayo junio julio agosto septiembre setiembre octubre noviembre "
+    "diciembre gennaio febbraio aprile maggio giugno luglio settembre ottobre dicembre "
+    "janeiro fevereiro março maio junho julho setembro outubro novembro dezembro "
+    "januari februari maart mei augustus"
+).split()
+_L10N_WEEKDAYS = (
+    "Montag Dienstag Mittwoch Donnerstag Freitag Samstag Sonnabend Sonntag "
+    "lundi mardi mercredi jeudi vendredi samedi dimanche "
+    "lunes martes miércoles jueves viernes sábado domingo "
+    "lunedì martedì mercoledì giovedì venerdì sabato domenica "
+    "segunda-feira terça-feira quarta-feira quinta-feira sexta-feira "
+    "maandag dinsdag woensdag donderdag vrijdag zaterdag zondag"
+).split()
+
+
+def _either_case(words: list[str]) -> str:
+    forms = {f(w[0]) + w[1:] for w in words for f in (str.lower, str.upper)}
+    return "(?:" + "|".join(sorted(forms, key=lambda w: (-len(w), w))) + ")"
+
+
+L10N_MONTH = _either_case(_L10N_MONTHS)
+L10N_WEEKDAY = _either_case(_L10N_WEEKDAYS)
+# Gates: a substring of every name above, past its first letter (its case varies).
+L10N_MONTH_GATE = tuple(sorted({w[1:4] for w in _L10N_MONTHS}))
+L10N_WEEKDAY_GATE = tuple(sorted({w[1:4] for w in _L10N_WEEKDAYS}))
 YEAR = r"(?:19|20|21)\d\d(?!\d)"
 DAY = r"(?P<d>\d\d?)(?:st|nd|rd|th)?"
 _CJK_WEEKDAY = rf"(?:\s*[（(]?(?:星期|礼拜|周|週)[一二三四五六日天][)）]?|\s*\({WEEKDAY}\))?"
@@ -150,6 +180,28 @@ MONTH_NAME_DATE = Detector(
     gate=MONTH_GATE,
     min_run=4,
 )
+# `3. März 2025`, `5 de marzo de 2025`, `3 mars 2025`: a day, a localised month, a year.
+L10N_MONTH_DATE = Detector(
+    "month_name_date_l10n",
+    Kind.DATE,
+    _c(rf"{DAY}\.?\s+(?:de\s+)?{L10N_MONTH}(?:\s+de)?,?\s+{YEAR}"),
+    h.day_ok,
+    WORD,
+    priority=21,
+    gate=L10N_MONTH_GATE,
+    min_run=4,
+)
+# `03/04/25`, `04.03.25`: day and month in either order and a two-digit year; both readings
+# must be calendar dates or one of them (a dotted one is no version number after a cue).
+SHORT_YEAR_DATE = Detector(
+    "numeric_date_short_year",
+    Kind.DATE,
+    _c(r"(?P<a>\d\d)(?P<sep>[./])(?P<b>\d\d)(?P=sep)(?P<y>\d\d)(?![\w/-]|[.,]\d)"),
+    h.short_year_date_ok,
+    WORD_OR[".:/-"],
+    priority=22,
+    gate=("/", "."),
+)
 CJK_DATE = Detector(
     "cjk_date",
     Kind.DATE,
@@ -194,6 +246,16 @@ WEEKDAY_ANCHOR = Detector(
     anchor=True,
     priority=45,
     gate=WEEKDAY_GATE,
+    min_run=4,
+)
+WEEKDAY_L10N_ANCHOR = Detector(
+    "weekday_l10n",
+    Kind.DATE,
+    _c(rf"{L10N_WEEKDAY}(?![\w])"),
+    reject_after=WORD,
+    anchor=True,
+    priority=45,
+    gate=L10N_WEEKDAY_GATE,
     min_run=4,
 )
 # Per-release and per-year values: the value first, the cue checked on the left context.
@@ -399,6 +461,18 @@ VERSION = Detector(
     priority=45,
     gate=("v", "V", "."),
 )
+# `build 7860`, `revision 20250304`, `Build #1234`: a number of 4-8 digits (a seed of
+# regions.py) after a build/revision cue is a version, not a year or an id.
+BUILD_NUMBER = Detector(
+    "build_number",
+    Kind.VERSION,
+    _c(r"\d{4}\d{0,4}(?![\w.-]|[.,]\d)"),
+    h.build_cue_ok,
+    WORD_OR[".-"],
+    priority=36,
+    gate=("uild", "UILD", "rev", "Rev", "REV"),
+    min_run=4,
+)
 DATED_MODEL_ID = Detector(
     "dated_model_id",
     Kind.VERSION,
@@ -420,6 +494,8 @@ DETECTORS: tuple[Detector, ...] = (
     ISO_DATE,
     NUMERIC_DATE,
     MONTH_NAME_DATE,
+    L10N_MONTH_DATE,
+    SHORT_YEAR_DATE,
     CJK_DATE,
     KNOWLEDGE_CUTOFF_D,
     MONTH_YEAR,
@@ -432,6 +508,8 @@ DETECTORS: tuple[Detector, ...] = (
     NUMERIC_ID,
     SHORT_TIME,
     WEEKDAY_ANCHOR,
+    WEEKDAY_L10N_ANCHOR,
+    BUILD_NUMBER,
     VERSION,
     NAME,
 )

@@ -6,11 +6,12 @@ validated key contains an ASCII digit, and prompts are mostly prose. So:
 
 1. classify every character with one `bytes.translate` (latin-1 encoding, anything outside it
    becomes `?`): digit `1`, `A/a/P/p` `p`, `M/m` `m`, `V/v` `v`, other ASCII letters `a`,
-   `-`/`_` `-`, `:` `:`, `.` `.`, `?`/non-latin-1 `?`, everything else a space;
+   `-`/`_` `-`, `:` `:`, `.` `.`, `/` `/`, `?`/non-latin-1 `?`, everything else a space;
 2. seeds are found with one regex over those class bytes whose first byte is the literal `1`
    (so `re` jumps from digit to digit) and with `bytes.find` for long tokens:
    - a digit run of 4+ (years, epochs, ids), one touching `:` (times) or a non-latin-1
      character (`2024年8月21日`), or followed by `AM`/`PM` (`7 PM`);
+   - three two-digit runs joined by `/` or `.` (`03/04/25`, a date with a two-digit year);
    - a token of 14+ letters/digits/`-`/`_` holding a digit (hex ids, UUIDs, keys);
    - for `scan` (`dotted=True`) also dotted numbers (`3.11`) and `v2`;
    - `extra` literal needles (`eyJ`, the start of every JWT).
@@ -55,7 +56,7 @@ def _class_table() -> bytes:
             table[byte] = ord("a")
         elif c in "-_":
             table[byte] = ord("-")
-        elif c in ":.?":
+        elif c in ":.?/":
             table[byte] = byte
     return bytes(table)
 
@@ -64,6 +65,7 @@ _CLASSES = _class_table()
 _WORDISH = bytes(0x77 if c in b"1pmva-" else 0x20 for c in _CLASSES)  # token chars -> "w"
 _DIGIT_SEEDS = re.compile(rb"1(?:(?<=[:?]1)1*|1*(?=[:?]| ?p\.?m)|111+)")
 _DOTTED_SEEDS = re.compile(rb"1(?:(?<=[:?]1)1*|1*(?=[:?]| ?p\.?m|\.1)|111+|(?<=[v.]1)1*)")
+_SHORT_DATE_SEEDS = re.compile(rb"11(?:/11/|\.11\.)11")  # `03/04/25`: no run of 4 digits
 
 
 def _snap_left(text: str, i: int) -> int:
@@ -124,6 +126,7 @@ def _windows(text: str, dotted: bool, extra: tuple[str, ...]) -> list[Window]:
     classes = text.encode("latin-1", "replace").translate(_CLASSES)
     pattern = _DOTTED_SEEDS if dotted else _DIGIT_SEEDS
     seeds = [(a, b, b - a) for a, b in map(re.Match.span, pattern.finditer(classes))]
+    seeds += [(a, b, 2) for a, b in map(re.Match.span, _SHORT_DATE_SEEDS.finditer(classes))]
     seeds += _long_tokens(classes)
     for needle in extra:
         k = text.find(needle)
