@@ -49,6 +49,8 @@ from eval_generated import HELD_OUT_SEEDS, evaluate, print_summary, summarise
 from templates_audit.analysis import Auditor
 from templates_audit.model import Finding, Report
 from templates_audit.render import ChatRenderer, TemplateError
+from templates_audit.report import json_report
+from templates_audit.tokenize import Tokenizer, TokenizerError, load_tokenizer
 from templates_audit.traces import Record
 
 RECALL_CHURN = ("per-request", "per-day", "per-user/session")
@@ -282,7 +284,8 @@ def accept(kind_label: str) -> frozenset[str]:
     return next(kinds for key, kinds in ACCEPT if key in low)
 
 
-def eval_spans(data: Path, requests: int, seed: int) -> dict[str, Any]:
+def eval_spans(data: Path, requests: int, seed: int, tokenizer: Tokenizer | None = None,
+               report_out: Path | None = None) -> dict[str, Any]:
     root = data / "system_prompts"
     manifest = [json.loads(line) for line in (root / "manifest.jsonl").open()]
     rng = random.Random(seed)
@@ -302,12 +305,14 @@ def eval_spans(data: Path, requests: int, seed: int) -> dict[str, Any]:
             ]), inst, item["category"]))
     rng.shuffle(trace)
     renderer = ChatRenderer()
-    auditor = Auditor(renderer=renderer)
+    auditor = Auditor(tokenizer, renderer=renderer)
     by_line: dict[int, tuple[Instance, str]] = {}
     for i, (rec, inst, cat) in enumerate(trace, 1):
         by_line[i] = (inst, cat)
         auditor.add(Record("eval", i, messages=rec.messages))
     report = auditor.report()
+    if report_out is not None:
+        report_out.write_text(json_report.render(report), encoding="utf-8")
     return score(report, by_line, labels_of, renderer)
 
 
@@ -396,13 +401,14 @@ SYSTEM = ("You are a meticulous support assistant for a bicycle shop. Answer pol
           "warranty policy when relevant, and never invent prices. " * 6).strip()
 
 
-def eval_templates(data: Path, requests: int) -> list[dict[str, Any]]:
+def eval_templates(data: Path, requests: int, tokenizer: Tokenizer | None = None
+                   ) -> list[dict[str, Any]]:
     rows = []
     for path in sorted((data / "chat_templates").glob("*.jinja")):
         for scenario in ("system+user", "user", "system+user+tools"):
             renderer = ChatRenderer(path.read_text(encoding="utf-8"), bos_token="<s>",
                                     eos_token="</s>")
-            auditor = Auditor(renderer=renderer)
+            auditor = Auditor(tokenizer, renderer=renderer)
             for i in range(requests):
                 msgs = [{"role": "user", "content": f"{USER_TURNS[i % len(USER_TURNS)]} #{i}"}]
                 if scenario != "user":
@@ -439,6 +445,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=40, help="requests per dynamic prompt")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="audit with this tokenizer.json (default: the built-in tokenizer)")
+    p.add_argument("--full-encode", action="store_true",
+                   help="with --tokenizer: encode every prompt whole (the cross-check)")
+    p.add_argument("--report", type=Path, metavar="FILE",
+                   help="write the span evaluation's JSON report (prefix-audit --format json)")
     p.add_argument("--generated-seeds", type=int, nargs="*", default=list(HELD_OUT_SEEDS),
                    help="seeds of the held-out generated traces (gen_traces.py); none: skip")
     p.add_argument("--independent-seeds", type=int, nargs="*",
@@ -451,8 +463,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no evaluation data under {data}", file=sys.stderr)
         return 2
     try:
-        spans = eval_spans(data, args.requests, args.seed)
-        tmpl = eval_templates(data, 6)
+        tokenizer = load_tokenizer(args.tokenizer, incremental=not args.full_encode)
+    except TokenizerError as exc:
+        print(f"eval_auditor: {exc}", file=sys.stderr)
+        return 2
+    try:
+        spans = eval_spans(data, args.requests, args.seed, tokenizer, args.report)
+        tmpl = eval_templates(data, 6, tokenizer)
     except TemplateError as exc:
         print(f"render failure: {exc}", file=sys.stderr)
         return 1

@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
                         "template next to --tokenizer")
     p.add_argument("--tokenizer", metavar="PATH",
                    help="HF tokenizer.json (or its directory); needs the 'tokenizers' extra")
+    p.add_argument("--full-encode", action="store_true",
+                   help="with --tokenizer: encode every prompt whole instead of reusing the "
+                        "tokens of earlier prompts (same report, much slower: a cross-check)")
     p.add_argument("--block-size", type=_positive, default=16, help="KV block size (default 16)")
     p.add_argument("--cache-blocks", type=int, default=DEFAULT_CACHE_BLOCKS,
                    help=f"KV blocks of the simulated replica (default {DEFAULT_CACHE_BLOCKS:,}; "
@@ -118,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"prefix-audit: no readable input file among {', '.join(args.files)}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        tokenizer = load_tokenizer(args.tokenizer)
+        tokenizer = load_tokenizer(args.tokenizer, incremental=not args.full_encode)
         if args.chat_template:
             renderer = ChatRenderer.from_file(args.chat_template)
         else:

@@ -226,7 +226,7 @@ class IncrementalEncoder:
         self.checks = checks
         self.disabled = ""  # why splicing was turned off, if it was
         self._diverged = 0  # where the last splice's text first differed from its base
-        self.stats = {"fresh": 0, "spliced": 0, "repeats": 0, "encoded_tokens": 0,
+        self.stats = {"fresh": 0, "spliced": 0, "repeats": 0, "checked": 0, "encoded_tokens": 0,
                       "reused_tokens": 0}
         self._index = _PrefixIndex(cache_tokens)
 
@@ -262,7 +262,7 @@ class IncrementalEncoder:
     def fresh(self, text: str) -> Encoded:
         """``text`` encoded whole (not cached)."""
         self.stats["fresh"] += 1
-        parts = self._encode(text, 0, len(text), True, _Parts(bool(self.rules.trims)))
+        parts = self._encode(text, 0, len(text), KIND_SPLIT, _Parts(bool(self.rules.trims)))
         return self._finish(text, parts, None)
 
     def splice(self, base: Encoded, text: str, hint: int = 0) -> Encoded:
@@ -275,7 +275,11 @@ class IncrementalEncoder:
         enc = self._splice(base, text, hint)
         if self.checks > 0:
             self.checks -= 1
+            stats = self.stats
+            counted = stats["fresh"], stats["encoded_tokens"]
             ref = self.fresh(text)
+            stats["fresh"], stats["encoded_tokens"] = counted  # checks are counted apart
+            stats["checked"] += 1
             if (ref.ids, ref.starts, ref.raw, ref.flags) != (enc.ids, enc.starts, enc.raw,
                                                            enc.flags):
                 self.disabled = f"a splice disagreed with the full encode ({self.rules.family})"
@@ -324,7 +328,7 @@ class IncrementalEncoder:
             segments += 1
             window = self._edit(text, otext, old, b, kind, c, delta, segments, len(out.ids))
             if window is None:  # encode to the end
-                self._encode(text, b, n, kind == KIND_SPLIT, out)
+                self._encode(text, b, n, kind, out)
                 break
             parts, t, k_o, t_kind, new_delta = window
             out.extend(parts)
@@ -368,7 +372,7 @@ class IncrementalEncoder:
         the end."""
         n = len(text)
         if segments < MAX_SEGMENTS:
-            found = self._resync_added(text, old, b, kind == KIND_SPLIT, c, delta, index)
+            found = self._resync_added(text, old, b, kind, c, delta, index)
             if found is not None:
                 return found
         scan = c
@@ -381,14 +385,14 @@ class IncrementalEncoder:
             if c2 <= scan:
                 return None
             if c2 - r_new >= _MIN_REUSE or c2 == n:
-                found = self._resync(text, old, b, kind == KIND_SPLIT, r_new, c2, r_old - r_new,
+                found = self._resync(text, old, b, kind, r_new, c2, r_old - r_new,
                                      index)
                 if found is not None:
                     return found
             scan = c2
         return None
 
-    def _resync_added(self, text: str, old: Encoded, b: int, split_start: bool, c: int,
+    def _resync_added(self, text: str, old: Encoded, b: int, kind: int, c: int,
                       delta: int, index: int) -> tuple[_Parts, int, int, int, int] | None:
         """Resync at the first added-token split of ``text`` after ``c`` when ``old`` has the
         same token, chosen, where the two agree again: the chunk from ``b`` then ends at a
@@ -415,10 +419,10 @@ class IncrementalEncoder:
         k = bisect.bisect_left(oraw, o)
         if k >= len(oraw) or oraw[k] != o or not old.flags[k] & ADDED or (k and oraw[k - 1] == o):
             return None
-        parts = self._encode(text, b, s, split_start, _Parts(bool(self.rules.trims)), index)
+        parts = self._encode(text, b, s, kind, _Parts(bool(self.rules.trims)), index)
         return parts, s, k, KIND_SPLIT, o - s
 
-    def _resync(self, text: str, old: Encoded, b: int, split_start: bool, r: int, c2: int,
+    def _resync(self, text: str, old: Encoded, b: int, b_kind: int, r: int, c2: int,
                 delta: int, index: int) -> tuple[_Parts, int, int, int, int] | None:
         """Encode ``text`` from ``b`` through a window past ``r`` (where ``text[r:c2]`` equals
         ``old.text[r + delta:]``) and find a cut of both texts there: a restart point of the
@@ -433,7 +437,7 @@ class IncrementalEncoder:
         end = min(n, first + _WINDOW)
         oraw, oflags = old.raw, old.flags
         while True:
-            parts = self._encode(text, b, end, split_start, _Parts(bool(rules.trims)), index)
+            parts = self._encode(text, b, end, b_kind, _Parts(bool(rules.trims)), index)
             raw, flags = parts.raw, parts.flags
             limit = min(end, c2)
             j = max(1, bisect.bisect_left(raw, first))
@@ -455,15 +459,17 @@ class IncrementalEncoder:
             end = min(n, c2, first + (end - first) * 4)
 
     # -- encoding ----------------------------------------------------------------------------
-    def _encode(self, text: str, start: int, end: int, split_start: bool, parts: _Parts,
+    def _encode(self, text: str, start: int, end: int, kind: int, parts: _Parts,
                 index: int = 0) -> _Parts:
         """Append to ``parts`` the library's tokens of ``text[start:end]`` as they are in
         ``text`` — a chunk from a split start (or inside a split: per-split prefixes off, the
         head tokenizer again from the chunk's first added token on); offsets in ``text``;
-        ``index``: body tokens of the text before ``parts``."""
+        ``kind``: the restart kind at ``start`` (a chunk starting at a forced cut inside a word
+        does not start a word); ``index``: body tokens of the text before ``parts``."""
         rules = self.rules
         if start >= end:
             return parts
+        split_start = kind == KIND_SPLIT
         if split_start and (rules.prefixing != "first" or start == 0):
             calls = [(self._head, start, end)]
         elif rules.prefixing == "split":
@@ -479,6 +485,8 @@ class IncrementalEncoder:
         before = len(parts.ids)
         for tok, lo, hi in calls:
             self._call(tok, text, lo, hi, parts, index)
+        if kind == KIND_FORCED and len(parts.ids) > before:
+            parts.flags[before] &= ~WORD
         self.stats["encoded_tokens"] += len(parts.ids) - before
         return parts
 

@@ -400,10 +400,11 @@ def default_tokenizer() -> DefaultTokenizer:
     return _DEFAULT
 
 
-def load_tokenizer(path: str | None = None) -> Tokenizer:
-    """``None`` -> the default tokenizer; otherwise a ``tokenizer.json`` file or its directory."""
+def load_tokenizer(path: str | None = None, *, incremental: bool = True) -> Tokenizer:
+    """``None`` -> the default tokenizer; otherwise a ``tokenizer.json`` file or its directory
+    (``incremental``: see :class:`HFTokenizer`)."""
     if path is None or path == "default":
         return _DEFAULT
     if not os.path.exists(path):
         raise TokenizerError(f"tokenizer not found: {path}")
-    return HFTokenizer(path)
+    return HFTokenizer(path, incremental=incremental)

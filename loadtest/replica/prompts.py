@@ -16,7 +16,11 @@ block before them. A second LRU keeps (ids, full-block hashes) of message prefix
 message alone, and all the messages of a request (the history of the next turn) — so a shared
 system prompt is neither rendered, tokenised nor hashed again: a request costs O(its new
 messages) plus copying the ids. Custom templates, tools, template variables and Hugging Face
-tokenisers (whose merges may cross a newline) take the whole-prompt path.
+tokenisers (whose merges may cross a newline) take the whole-prompt path, through
+:class:`templates_audit.prompt_keys.PromptKeys` (the router's block keys): with a Hugging Face
+tokeniser the prompt is tokenised exactly by splicing the tokens of what differs into those of
+a recently seen prompt sharing its prefix (``templates_audit.incremental``), and the blocks it
+shares with that prompt keep their hashes.
 
 Cost: O(prompt) on a miss, O(body bytes) to hash on a hit; memory bounded by ``memo_tokens``
 token ids (plus their block hashes) per LRU.
@@ -32,6 +36,7 @@ from typing import NamedTuple
 import xxhash
 
 from templates_audit.blocks import block_hashes
+from templates_audit.prompt_keys import BlockKeys, PromptKeys
 from templates_audit.render import ChatRenderer
 from templates_audit.tokenize import DefaultTokenizer, HFTokenizer, Tokenizer
 
@@ -110,6 +115,7 @@ class Prompter:
         self.renderer = renderer
         self.tokenizer = tokenizer
         self.block_size = block_size
+        self._keys = PromptKeys(tokenizer, renderer, block_size=block_size)
         self._memo = _Lru(memo_tokens if "strftime_now" not in renderer.source else 0)
         self._prefixes = _Lru(memo_tokens)
         # Pieces can be tokenised one by one only if no token spans the newline ending each.
@@ -152,22 +158,22 @@ class Prompter:
             prefixes.put(tuple(pieces[:j]), _Prefix(out, hashes, n), len(out))
         return out, hashes
 
-    def _whole_ids(self, job: Job) -> list[int]:
-        """The prompt's ids by rendering and tokenising it whole (no piece assembly)."""
+    def _whole(self, job: Job) -> BlockKeys:
+        """Ids and full-block hashes of the prompt, rendered and tokenised whole."""
+        keys = self._keys
         if job.kind is Kind.CHAT:
-            text = self.renderer.render(list(job.messages), list(job.tools) if job.tools else None,
-                                        True, **(job.template_kwargs or {}))
-            return self.tokenizer.encode(text)
+            return keys.chat(list(job.messages), list(job.tools) if job.tools else None,
+                             job.template_kwargs)
         if job.prompt_ids is not None:
-            return list(job.prompt_ids)
-        return self.tokenizer.encode(job.prompt_text or "")
+            return keys.ids(list(job.prompt_ids))
+        return keys.text(job.prompt_text or "")
 
     # -- public --------------------------------------------------------------------------------
     def ids(self, job: Job) -> list[int]:
         pieces = self._pieces(job)
         if pieces is not None:
             return list(self._assemble(pieces)[0])
-        return self._whole_ids(job)
+        return list(self._whole(job).ids)
 
     def prompt(self, job: Job, body: bytes) -> Prompt:
         """The prompt of a request and its reply (``job.max_tokens`` tokens), memoised by body."""
@@ -180,8 +186,8 @@ class Prompter:
         if pieces is not None:
             ids, hashes = self._assemble(pieces)
         else:
-            ids = tuple(self._whole_ids(job))
-            hashes = tuple(block_hashes(ids, self.block_size))
+            whole = self._whole(job)
+            ids, hashes = tuple(whole.ids), tuple(whole.hashes)
         # The chained hashes already summarise the full blocks; only the tail needs hashing.
         tail = ids[len(hashes) * self.block_size:]
         seed = prompt_seed(tail, hashes[-1] if hashes else 0)

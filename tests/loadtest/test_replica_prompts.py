@@ -106,3 +106,29 @@ def test_custom_templates_tools_and_hf_shapes_take_the_whole_prompt_path() -> No
         expected = TOK.encode(renderer.render_jinja(data["messages"], data["tools"]))
         assert list(prompt.ids) == expected
         assert list(prompt.hashes) == block_hashes(expected, 16)
+
+
+def test_with_a_tokenizer_file_turns_are_spliced_exactly_and_reuse_block_hashes(
+        tmp_path: Any) -> None:
+    import pytest
+
+    pytest.importorskip("tokenizers")
+    from templates_audit.tokenize import HFTokenizer
+    from tests.templates_audit.tokenizer_families import byte_level
+
+    path = tmp_path / "tokenizer.json"
+    path.write_text(byte_level(), encoding="utf-8")
+    tok = HFTokenizer(str(path))
+    full = HFTokenizer(str(path), incremental=False)
+    p = Prompter(ChatRenderer(), tok, 16)
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": "Rules: be brief. " * 60}]
+    for turn in range(4):
+        msgs.append({"role": "user", "content": f"question {turn}: what about {turn * 17}?"})
+        prompt = p.prompt(parse_chat({"messages": msgs, "tools": [{"type": "function",
+                          "function": {"name": "f", "parameters": {}}}]}, 4), f"b{turn}".encode())
+        expected = full.encode(ChatRenderer().render(msgs, [{"type": "function", "function": {
+            "name": "f", "parameters": {}}}]))
+        assert list(prompt.ids) == expected
+        assert list(prompt.hashes) == block_hashes(expected, 16)
+        msgs.append({"role": "assistant", "content": f"answer {turn}"})
+    assert tok.incremental is not None and tok.incremental.stats["spliced"] == 3

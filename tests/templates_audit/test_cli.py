@@ -130,6 +130,10 @@ def test_hf_tokenizer(tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture
     doc = json.loads(out)
     assert code == 0 and doc["summary"]["tokenizer"].startswith("hf:")
     assert [f["kind"] for f in doc["findings"]] == ["date"]
+    # the cross-check: every prompt encoded whole gives the same report
+    code, whole, _ = run([str(trace), "--tokenizer", str(path), "--format", "json",
+                          "--full-encode"], capsys)
+    assert code == 0 and whole == out
 
 
 def test_hf_tokenizer_text_it_cannot_encode_is_a_bad_line(tmp_path: Path, trace: Path,
