@@ -45,6 +45,7 @@ class SpanStats:
     differed: int = 0
     multi_line: bool = False
     injected: bool = False  # found by the strftime_now probe: the template writes it
+    inner: bool = False  # a value inside a reordered block (findings.Span.inner)
     # What slots.slot_kind judges the slot by: distinct values shaped like a person's name, and
     # the pool of lines of its block values (at most POOL_MAX + 1 line hashes kept).
     name_like: int = 0
@@ -228,13 +229,15 @@ class TemplateState:
 
     def merged_spans(self) -> list[SpanStats]:
         """The spans in reference order, those that meet after growing apart merged (a span
-        first seen on two lines, later on the line between them too, is one span)."""
+        first seen on two lines, later on the line between them too, is one span); a value
+        inside a reordered block (``inner``) only merges with such values."""
         out: list[SpanStats] = []
         for st in sorted(self.spans, key=lambda st: (st.ref_start, st.ref_end)):
-            if out and _meets(out[-1].ref_start, out[-1].ref_end, st.ref_start, st.ref_end):
-                out[-1].absorb(st)
+            last = next((o for o in reversed(out) if o.inner == st.inner), None)
+            if last is not None and _meets(last.ref_start, last.ref_end, st.ref_start, st.ref_end):
+                last.absorb(st)
                 # every request but the reference can differ; one seen in both counted twice
-                out[-1].differed = min(out[-1].differed, max(self.requests - 1, 1))
+                last.differed = min(last.differed, max(self.requests - 1, 1))
             else:
                 out.append(st)
         self.spans = out
@@ -242,7 +245,7 @@ class TemplateState:
 
     def stats_for(self, sp: Span) -> SpanStats | None:
         for st in self.spans:
-            if _meets(st.ref_start, st.ref_end, sp.ref_start, sp.ref_end):
+            if st.inner == sp.inner and _meets(st.ref_start, st.ref_end, sp.ref_start, sp.ref_end):
                 if sp.ref_start < st.ref_start or sp.ref_end > st.ref_end:
                     st.ref_start = min(st.ref_start, sp.ref_start)
                     st.ref_end = max(st.ref_end, sp.ref_end)
@@ -251,7 +254,7 @@ class TemplateState:
             self.overflow += 1
             return None
         value = self.static_text[sp.ref_start:sp.ref_end]
-        st = SpanStats(sp.ref_start, sp.ref_end, self.role_at(sp.ref_start, value))
+        st = SpanStats(sp.ref_start, sp.ref_end, self.role_at(sp.ref_start, value), inner=sp.inner)
         # the reference's own value is one of the distinct values
         st.add_value(value, block=_whole_lines(self.static_text, sp.ref_start, sp.ref_end)
                      if sp.multi_line else None)
