@@ -12,6 +12,7 @@ Cost: O(spans of the template) per observed span — a handful.
 from __future__ import annotations
 
 import bisect
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ __all__ = ["MAX_DISTINCT", "MAX_EXAMPLES", "MAX_SPANS", "SpanStats", "StaticPart
 MAX_SPANS = 64
 MAX_DISTINCT = 4096
 MAX_EXAMPLES = 5
+MAX_NAME_CHARS = 128  # longer values (a block) are never judged as a name
+_DIGIT = re.compile(r"\d")
 
 
 @dataclass
@@ -101,9 +104,10 @@ class SpanStats:
             self.examples.append(value)
         if self.first is None:
             self.first = value
-        if name_shaped(value_core(value, self.first) if value != self.first else value):
+        if len(value) <= MAX_NAME_CHARS and name_shaped(
+                value_core(value, self.first) if value != self.first else value):
             self.name_like += 1
-        if any(c.isdigit() for c in value):
+        if _DIGIT.search(value):
             self.digit_values += 1
         block = value if block is None else block
         if "\n" in block or " … " in block:
