@@ -11,7 +11,6 @@ requests (issue 19):
   order (each value's requests in one run: ``switches`` < distinct values): a prompt tag or a
   build number that changed with a deploy (``[notes-prompt v3.4.1]`` then ``v3.4.2``,
   ``assistant-prompt@4.11.0-rc.1``, ``model-2025-04``), where a variant's values interleave;
-* **variant** — see above;
 * **name** — an ``other`` slot whose distinct values are mostly shaped like names
   (:func:`.detectors.shapes.name_shaped`, in any script, on the part of each value that differs
   from the reference's: ``お客様は田中 健様です`` counts ``田中 健``; :data:`NAME_SHARE`) and more than
