@@ -9,7 +9,7 @@ Three parts, run one after the other on this machine:
    `SPLIT_FLEETS` cells also the default policy as 1, 2 and 4 processes behind the round-robin
    splitter and sglang-router as 2 (`split_setups`). Each cell also gets its one-cache ceiling;
 2. overhead (`loadtest.overhead`): proxy CPU per request / per chunk and added latency, with the
-   router's default policy;
+   judged policies (`judged`: the default, and cache_aware while it is not the default);
 3. simulate (`loadtest.simulate`): the discrete-event simulator at 64 replicas (`SIM_WORKLOADS`),
    every router policy, each against the ceiling.
 
@@ -22,8 +22,8 @@ Writes ``docs/benchmarks.md`` (`loadtest.bench_doc`), ``docs/img/bench-*.png`` a
 under ``build/bench/``. ``--quick`` shrinks every part (a smoke run of the pipeline, not a
 benchmark); ``--skip`` leaves parts out; ``--workload`` / ``--replicas`` / ``--setup`` narrow the
 compare part; ``--render-only`` redraws the doc and figures from the saved JSON. Budget: the full
-run is sized to finish in about 30 minutes on 2 cores (8-13 s of traffic per setup and cell,
-plus 3-5 s of start-up each).
+run is sized to finish in about 30 minutes on 2 cores (8-10 s of traffic per setup and cell,
+plus 2-5 s of start-up each; the 64-replica simulation 2-3k requests per workload).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from loadtest.setups import parse_setup
 from loadtest.workloads import Request, WorkloadSpec, generate
 
 __all__ = ["FLEETS", "SIM_WORKLOADS", "SPLIT_FLEETS", "WORKLOADS", "BenchWorkload", "SimWorkload",
-           "default_policy", "main", "setups", "split_setups"]
+           "default_policy", "judged", "main", "setups", "split_setups"]
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE_REPLICAS = 4
@@ -79,12 +79,12 @@ class BenchWorkload:
 _SMALL_PROMPTS = {"prompts": 4, "min_prompt_tokens": 500, "max_prompt_tokens": 1500}
 WORKLOADS = (
     BenchWorkload("shared-prefix", 160, 20.0, FleetParams(), {}),
-    BenchWorkload("hot-prefix", 200, 20.0, FleetParams(), {"turns": 4, "user_tokens": 300}),
+    BenchWorkload("hot-prefix", 160, 20.0, FleetParams(), {"turns": 4, "user_tokens": 300}),
     BenchWorkload("multi-turn", 160, 20.0, FleetParams(), {"turns": 4}),
-    BenchWorkload("mooncake", 100, 8.0, FleetParams(kv_blocks=2048, speed=2.0),
+    BenchWorkload("mooncake", 80, 8.0, FleetParams(kv_blocks=2048, speed=2.0),
                   {"trace_path": DEFAULT_TRACE, "max_output_tokens": 32},
                   max_input_tokens=9000),
-    BenchWorkload("rag", 140, 14.0, FleetParams(kv_blocks=1024),
+    BenchWorkload("rag", 120, 14.0, FleetParams(kv_blocks=1024),
                   {**_SMALL_PROMPTS, "min_doc_tokens": 150, "max_doc_tokens": 500, "turns": 3}),
     BenchWorkload("agent", 120, 12.0, FleetParams(kv_blocks=2048, speed=2.0), _SMALL_PROMPTS),
 )
@@ -103,12 +103,12 @@ class SimWorkload:
 
 
 SIM_WORKLOADS = (
-    SimWorkload("shared-prefix", 4000, 240.0, 768, {"prompts": 256}),
-    SimWorkload("multi-turn", 4000, 240.0, 768, {"prompts": 256, "turns": 4}),
-    SimWorkload("rag", 4000, 200.0, 1024, {**_SMALL_PROMPTS, "prompts": 16,
+    SimWorkload("shared-prefix", 3000, 240.0, 768, {"prompts": 256}),
+    SimWorkload("multi-turn", 3000, 240.0, 768, {"prompts": 256, "turns": 4}),
+    SimWorkload("rag", 3000, 200.0, 1024, {**_SMALL_PROMPTS, "prompts": 16,
                                            "min_doc_tokens": 150, "max_doc_tokens": 500,
                                            "turns": 3}),
-    SimWorkload("agent", 3000, 60.0, 2048, {**_SMALL_PROMPTS, "prompts": 8}),
+    SimWorkload("agent", 2000, 60.0, 2048, {**_SMALL_PROMPTS, "prompts": 8}),
 )
 
 
@@ -125,6 +125,15 @@ def policies() -> list[str]:
 
     default = default_policy()
     return [default] + [p for p in POLICIES if p != default]
+
+
+def judged() -> list[str]:
+    """The router setups the targets are rendered for: the default policy, and cache_aware
+    (issue #18's candidate for the default) while it is not the default yet."""
+    out = [f"router-{default_policy()}"]
+    if "cache_aware" in policies() and default_policy() != "cache_aware":
+        out.append("router-cache_aware")
+    return out
 
 
 def setups() -> list[str]:
@@ -198,6 +207,7 @@ def run_compare(cells: tuple[BenchWorkload, ...], names: list[str], split: list[
         else:
             merged["workloads"][w.key] = block
     merged["ours"] = f"router-{default_policy()}"
+    merged["judged"] = judged()
     return merged
 
 
@@ -208,7 +218,11 @@ def run_overhead(workdir: Path, quick: bool) -> dict[str, Any]:
     cfg = OverheadConfig()
     if quick:
         cfg = replace(cfg, latency_requests=30, cpu_requests=60, rounds=1, capacity_requests=60)
-    names = [f"router-{default_policy()}" if s.startswith("router-") else s for s in OH_SETUPS]
+    # the judged policies in place of the router's row; the ratios use the first router row,
+    # the candidate's when there is one
+    names: list[str] = []
+    for s in OH_SETUPS:
+        names += list(reversed(judged())) if s.startswith("router-") else [s]
     return measure([parse_setup(s) for s in names], cfg, workdir,
                    log=lambda m: print(m, file=sys.stderr, flush=True))
 
@@ -292,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = {
         "compare": lambda work: run_compare(cells, args.setup or setups(), split,
                                             work / "compare", args.seed,
-                                            (BASE_REPLICAS,) if args.quick else SPLIT_FLEETS),
+                                            fleets if args.quick else SPLIT_FLEETS),
         "overhead": lambda work: run_overhead(work / "overhead", args.quick),
         "simulate": lambda work: run_simulate(args.quick),
     }

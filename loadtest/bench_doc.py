@@ -79,6 +79,22 @@ def _fleet_table(results: Mapping[str, Any]) -> str:
                   "max seqs", "speed", "one-cache ceiling"], rows)
 
 
+def _sizes(results: Mapping[str, Any]) -> str:
+    """The sizes sentence: requests and seconds of traffic per setup, from the cells."""
+    reqs, secs = [], []
+    for block in results.get("workloads", {}).values():
+        meta = block.get("workload") or {}
+        n, rate = meta.get("requests"), meta.get("rate")
+        if isinstance(n, int) and isinstance(rate, int | float) and rate > 0:
+            reqs.append(n)
+            secs.append(n / rate)
+    if not reqs:
+        return ""
+    return (f"Sizes keep the whole `make bench` within about 30 minutes on 2 cores: "
+            f"{min(reqs)}-{max(reqs)} requests per cell, {min(secs):.0f}-{max(secs):.0f} s of "
+            "traffic per setup.")
+
+
 def _step_cost(results: Mapping[str, Any]) -> str:
     f: Mapping[str, Any] = results.get("fleet") or next(
         (b["fleet"] for b in results.get("workloads", {}).values() if b.get("fleet")), {})
@@ -119,14 +135,15 @@ def _compare_section(cmp_: Mapping[str, Any], figures: Mapping[str, Any],
         "replica does at that rate; short cached questions alone cost a replica so little that "
         "concentrating them never hurts). The 8-replica cells carry twice "
         "the rate and twice the requests of the 4-replica ones on the same KV per replica, so "
-        "the load per replica is the same. Sizes keep the whole `make bench` within about 30 "
-        "minutes on 2 cores (8-13 s of traffic per setup and cell).\n",
+        f"the load per replica is the same. {_sizes(cmp_)}\n",
         _fleet_table(cmp_),
     ]
-    rows = cells(cmp_, ours)
-    if rows:
-        out += [f"### Targets: `{ours}` (the default policy) against `{SGLANG}` and "
-                "round-robin, this run\n", targets_markdown(rows)]
+    for judged in cmp_.get("judged") or [ours]:
+        rows = cells(cmp_, judged)
+        role = "the default policy" if judged == ours else "the candidate for the default"
+        if rows:
+            out += [f"### Targets: `{judged}` ({role}) against `{SGLANG}` and round-robin, "
+                    "this run\n", targets_markdown(rows)]
     for key, block in cmp_.get("workloads", {}).items():
         out.append(compare_markdown({"workloads": {key: block}}))
         for name, why in (block.get("failed") or {}).items():

@@ -16,7 +16,9 @@ Setups, each in front of a fresh fleet (cold caches, zeroed counters):
   ``round_robin`` within the pool);
 - ``nginx``: the nginx config rendered without model lists - what a model-blind consistent-hash
   balancer does; the replicas answer vLLM's 404 to a model they do not serve, and its 404 rate is
-  reported.
+  reported. It runs three times, each on a fresh fleet: its ring hashes ``host:port`` and the
+  ports are ephemeral, so which keys land on a replica that does not serve their model - and so
+  its 404 rate - is a draw per fleet.
 
 Hit rate is the fleet's own ``vllm:prefix_cache_hits_total / queries_total`` delta (tokens); TTFT
 is the client's first content chunk, over the requests that succeeded.
@@ -51,7 +53,9 @@ MODELS = "llama:2,qwen:2"
 LORAS = "llama:sql,llama:support"
 # share of the traffic per model name (an adapter is a model name of its own)
 MIX = (("llama", 0.4), ("qwen", 0.3), ("sql", 0.15), ("support", 0.15))
-SETUPS = ("router-prefix", "router-cache_aware", "router-round_robin", "nginx")
+# nginx three times: its ring hashes host:port and the fleet's ports are ephemeral, so which
+# models' keys land on replicas that do not serve them changes from fleet to fleet
+SETUPS = ("router-prefix", "router-cache_aware", "router-round_robin", "nginx", "nginx", "nginx")
 
 
 def mixed_requests(total: int, rate: float, seed: int) -> list[Request]:
@@ -137,8 +141,13 @@ def markdown(results: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
             "so no request reaches a replica that would 404; `round_robin` rotates within the "
             "pool. `nginx` is the config `prefix-router nginx-config` renders without model lists "
             "(one consistent-hash upstream over every replica): a model-blind balancer, whose "
-            "404s are the replicas' own answers to a model they do not serve. Hit rate and TTFT "
-            "cover the requests that were served.\n",
+            "404s are the replicas' own answers to a model they do not serve. Its ring hashes "
+            "`host:port` and the fleet's ports are ephemeral, so each fresh fleet draws which of "
+            "the 16 system prompts (4 per model) land on a replica that does not serve their "
+            "model: its 404 rate varies from fleet to fleet (three fleets above). A model-blind "
+            "round robin would send every request to a random replica: here half of them serve "
+            "any given model. Hit rate and TTFT cover only the requests that were served, so "
+            "they are not comparable for `nginx`.\n",
             "## Reproduce\n",
             "```",
             "flock /work/.bench.lock python -m loadtest.bench_models",
@@ -167,7 +176,11 @@ def main(argv: list[str] | None = None) -> int:
             if unavailable:
                 results.append({"setup": name, "failed": unavailable})
                 continue
-            results.append(run_one(name, requests, args.rate, params, Path(tmp)))
+            result = run_one(name, requests, args.rate, params, Path(tmp) / str(len(results)))
+            runs = sum(1 for r in results if r["setup"].split(" ")[0] == name)
+            if (args.setup or SETUPS).count(name) > 1:
+                result["setup"] = f"{name} (fleet {runs + 1})"
+            results.append(result)
             print(json.dumps({k: results[-1][k] for k in ("setup", "ok", "not_found",
                                                            "hit_rate")}), file=sys.stderr)
     meta = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),

@@ -26,12 +26,15 @@ __all__ = ["compare_plots", "simulate_plot"]
 
 
 def _ttft_cdf(ax: Any, ttft: Mapping[str, Sequence[float]]) -> None:
-    for name, values in ttft.items():
+    cmap = plt.get_cmap("tab20")  # one colour per setup (the default cycle has 10)
+    for i, (name, values) in enumerate(ttft.items()):
         if not values:
             continue
         xs = [v * 1000 for v in sorted(values)]
         ys = [(i + 1) / len(xs) for i in range(len(xs))]
-        ax.step(xs, ys, where="post", label=name)
+        # setups behind the splitter (-xN) dashed, so they read as variants of their router
+        ax.step(xs, ys, where="post", label=name, color=cmap((2 * i) % 20 + (2 * i) // 20 % 2),
+                linestyle="--" if "-x" in name else "-")
     ax.set_xscale("log")
     ax.set_xlabel("TTFT (ms, log)")
     ax.set_ylabel("fraction of requests")

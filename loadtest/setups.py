@@ -51,6 +51,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -415,8 +416,14 @@ def _launch_split(setup: Setup, replicas: Sequence[Replica], workdir: Path,
     assert setup.processes is not None
     parts: list[Launched] = []
     try:
-        for i in range(setup.processes):
-            parts.append(launch(setup.single, replicas, workdir / f"{setup.name}-{i}"))
+        with ThreadPoolExecutor(setup.processes) as pool:  # start them side by side
+            futures = [pool.submit(launch, setup.single, replicas, workdir / f"{setup.name}-{i}")
+                       for i in range(setup.processes)]
+            for f in futures:
+                with contextlib.suppress(Exception):  # collect every started one first
+                    parts.append(f.result())
+            for f in futures:
+                f.result()  # then raise the first failure (the parts are stopped below)
         port = port or free_port()
         log = workdir / f"{setup.name}-splitter.log"
         argv = [sys.executable, "-m", "loadtest.splitter", "--port", str(port)]

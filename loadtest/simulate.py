@@ -72,7 +72,7 @@ class SimConfig:
     kv_blocks: int | None = 8192
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
-    prompt_affinity: bool = True  # routing.prompt_affinity
+    prompt_affinity: bool = True  # routing.prompt_affinity (accepted, no effect)
     timing: TimingModel = field(default_factory=TimingModel)
     routing: dict[str, Any] = field(default_factory=dict)  # further routing.* settings
 
@@ -373,7 +373,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load-factor", type=float, default=1.25)
     p.add_argument("--load-floor", type=int, default=8, help="routing.load_floor (0 = pure bounded loads)")
     p.add_argument("--no-prompt-affinity", dest="prompt_affinity", action="store_false",
-                   help="routing.prompt_affinity: false (completions follow their key only)")
+                   help="routing.prompt_affinity: false (accepted; no effect since the "
+                        "cache_aware policy replaced the affinities)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-blocks", type=int, default=8192)
     p.add_argument("--max-num-seqs", type=int, default=256)

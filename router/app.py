@@ -3,8 +3,8 @@
 Request path (plain ASGI, no middleware stack):
 
     /v1/*   auth -> in-flight cap (429) -> read body (413) -> validate (400) -> model pool
-            (models.select_pool: 404 model_not_found / 503) -> keys.derive -> policy.choose ->
-            conversation / prompt affinity -> LoRA affinity -> proxy.Forwarder.forward (retry
+            (models.select_pool: 404 model_not_found / 503) -> routing.Router.route (key,
+            cache_aware pipeline or policy, LoRA affinity) -> proxy.Forwarder.forward (retry
             before first byte, relay, disconnect); everything after the pool sees only its
             replicas
             GET /v1/models is answered here: union over available replicas, deduplicated by id
@@ -87,7 +87,6 @@ class RouterApp:
         self.replicas = ReplicaSet((), ring_kind=r.ring, vnodes=r.virtual_nodes)
         self.router = Router(r, self.replicas)
         self.policy = self.router.policy
-        self.affinity = self.router.affinity
         self.key_config = self.router.key_config
         self._key_headers = (self.key_config.key_header.encode(),
                              self.key_config.session_header.encode())

@@ -62,7 +62,6 @@ __all__ = [
     "derive",
     "explain",
     "key_config",
-    "prompt_chunks",
 ]
 
 # Control characters separate fields so that no message text can forge a field boundary and
@@ -93,9 +92,6 @@ class RoutingKey:
     # Only such conversations get rendezvous (sticky) spill; a first turn without identity
     # spills in ring order, which keeps a hot prefix's overflow on the fewest replicas.
     sticky: bool = False
-    # Completions only: chained hashes of the prompt's leading full chunks of
-    # ``KeyConfig.chunk_bytes`` (deepest last), for ``router.affinity.PromptAffinity``.
-    chunks: tuple[int, ...] = ()
 
     @property
     def ring_key(self) -> str | None:
@@ -110,7 +106,6 @@ class KeyConfig:
     key_header: str = "x-prefix-hash"
     session_header: str = "x-session-id"
     prompt_window_chars: int = 1024
-    chunk_bytes: int = 1024  # 0 = no prompt chunk hashes
 
     def __post_init__(self) -> None:
         if self.min_prefix_chars < 0:
@@ -129,9 +124,7 @@ class KeyConfig:
 def key_config(r: RoutingSettings) -> KeyConfig:
     """The key settings of a validated ``routing:`` section (the app and ``hash-key`` share it)."""
     return KeyConfig(min_prefix_chars=r.min_prefix_chars, max_prefix_chars=r.max_prefix_chars,
-                     key_header=r.key_header, session_header=r.session_header,
-                     chunk_bytes=KeyConfig.chunk_bytes
-                     if r.prompt_affinity and r.policy == "prefix" else 0)
+                     key_header=r.key_header, session_header=r.session_header)
 
 
 @dataclass(frozen=True)
@@ -173,38 +166,10 @@ def derive(
         ex = explain(path, body, config)
         if ex is not None and ex.content_chars >= max(1, config.min_prefix_chars):
             digest = xxhash.xxh3_128_hexdigest(ex.text.encode("utf-8", "surrogatepass"))
-            chunks = prompt_chunks(path, body, config)
-            return RoutingKey(digest, conversation, KeySource.PREFIX, len(ex.text), sticky,
-                              chunks)
+            return RoutingKey(digest, conversation, KeySource.PREFIX, len(ex.text), sticky)
     if conversation is not None:
         return RoutingKey(None, conversation, KeySource.CONVERSATION, 0, sticky)
     return RoutingKey(None, None, KeySource.NONE, 0)
-
-
-def prompt_chunks(path: str, body: Mapping[str, Any], config: KeyConfig = KeyConfig()
-                  ) -> tuple[int, ...]:
-    """Chained 64-bit hashes of the leading full ``chunk_bytes`` pieces of a completions prompt
-    (UTF-8; at most ``max_prefix_chars`` bytes), seeded by the model: two prompts share the
-    first k values exactly when their first k chunks are equal. A partial last chunk is left
-    out, as vLLM leaves out a partial KV block: the next turn of a conversation extends the
-    prompt, so only full chunks recur. Token-id prompts and batches yield nothing."""
-    if config.chunk_bytes <= 0 or _api_kind(path) != "completions":
-        return ()
-    prompt = body.get("prompt")
-    if not isinstance(prompt, str):
-        return ()
-    # every character is at least one byte: encoding the first max_prefix_chars is enough
-    limit = config.max_prefix_chars
-    data = prompt[:limit].encode("utf-8", "surrogatepass")[:limit]
-    size = config.chunk_bytes
-    model = body.get("model")
-    h = xxhash.xxh3_64_intdigest(model.encode("utf-8", "surrogatepass")
-                                 if isinstance(model, str) else b"")
-    out = []
-    for start in range(0, len(data) - size + 1, size):
-        h = xxhash.xxh3_64_intdigest(data[start:start + size], seed=h)
-        out.append(h)
-    return tuple(out)
 
 
 def _has_state(body: Mapping[str, Any] | None) -> bool:

@@ -76,6 +76,7 @@ class RequestView(NamedTuple):  # NamedTuples: built per request, cheaper than f
     key: RoutingKey
     prompt_tokens: int  # estimated tokens of the whole prompt
     placed: bool = True  # the candidates carry a ring rank (a routing key exists)
+    cache_factor: float = 1.0  # scales the cache score (a conversation's first turn: < 1)
 
 
 class Candidate(NamedTuple):
@@ -100,7 +101,7 @@ Filter = Callable[[RequestView, list[Candidate]], list[Candidate]]
 
 
 def cache_score(req: RequestView, c: Candidate, scale: float, fleet: int) -> float:
-    return min(c.cached, req.prompt_tokens) / scale
+    return req.cache_factor * min(c.cached, req.prompt_tokens) / scale
 
 
 def load_score(req: RequestView, c: Candidate, scale: float, fleet: int) -> float:

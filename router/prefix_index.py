@@ -26,7 +26,8 @@ it; a replica's weight never exceeds its capacity after ``record``; ``forget`` d
 that left the membership entirely.
 
 Memory: each entry costs one slot in the replica's OrderedDict and one in the shared
-hash -> holders map (about 200 bytes together on CPython), so the index holds at most
+hash -> holders map (about 350 bytes together on CPython; scripts/bench_index.py measures it),
+so the index holds at most
 ``sum(min(capacity_r / chunk tokens, max_entries))`` entries, whatever the number of requests.
 
 Cost: ``match`` is O(chunks + holders) dict lookups and set intersections, stopping at the first

@@ -29,7 +29,7 @@ connection so vLLM sees the disconnect and aborts generation. A disconnect is ne
 Tracing (`router.tracing`, when on): each attempt starts a CLIENT span before dispatch - the
 request then carries that span as its ``traceparent`` instead of the client's - and ends it in
 the attempt's ``finally`` with the replica's status, the first-byte time and the failure reason;
-a client disconnect is reported too. Off, the trace is None: one ``is None`` test per attempt.
+a client disconnect is reported too. Off, the trace is None: two ``is None`` tests per attempt.
 
 In-flight accounting: `ReplicaState.in_flight` and `prefix_router_in_flight` go up at dispatch
 and down in a `finally` when the attempt ends, however it ends.
@@ -88,7 +88,7 @@ __all__ = [
 
 class AttemptTrace(Protocol):
     """What the proxy reports of each attempt to a request's trace (`router.tracing.
-    RequestTrace`). Absent (None) when tracing is off: one `is None` test per attempt."""
+    RequestTrace`). Absent (None) when tracing is off: two `is None` tests per attempt."""
 
     def attempt(self, replica: str, url: URL, method: str,
                 headers: list[tuple[str, str]]) -> list[tuple[str, str]]: ...

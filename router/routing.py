@@ -13,8 +13,8 @@ request and by ``loadtest.simulate`` for every simulated arrival, so both run ex
 2. policy ``cache_aware``: ``chunks.request_chunks`` over the whole request, the prefix index's
    predicted cached tokens per replica, the queued work per replica, then
    ``pipeline.Pipeline.pick`` (filter -> scorers -> picker);
-   policies ``prefix`` / ``round_robin`` / ``least_loaded``: ``policy.choose`` (and, for
-   ``prefix``, the per-process affinities of ``router.affinity``);
+   policies ``prefix`` / ``round_robin`` / ``least_loaded``: ``policy.choose`` alone (pure, no
+   state: ``prefix`` is the hash-only placement nginx reproduces);
 3. for a LoRA adapter's pool under ``prefix`` or ``cache_aware``: `router.models.lora_affinity`
    over the decision's candidate order (best-scored first for ``cache_aware``), which is the
    pipeline's filter "keep the under-cap replicas of the best LoRA tier" followed by its picker;
@@ -35,10 +35,9 @@ Cost (cache_aware): O(prompt) hashing, O(chunks) index lookups, O(N) scoring; no
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from router.affinity import Affinities
 from router.chunks import NO_CHUNKS, Chunks, request_chunks
 from router.keys import KeyConfig, KeySource, RoutingKey, derive, key_config
 from router.models import Pool, lora_affinity
@@ -52,7 +51,7 @@ from router.pipeline import (
     load_score,
     queued_work,
 )
-from router.policy import BoundedLoadPrefixPolicy, Decision, LoadBound, Policy, make_policy
+from router.policy import Decision, LoadBound, Policy, make_policy
 from router.prefix_index import ApproxIndex, InFlight, PrefixIndex
 from router.replicas import ReplicaSet, ReplicaState
 from router.settings import RoutingSettings
@@ -61,6 +60,15 @@ from router.usage import UsageTap
 __all__ = ["Routed", "Router"]
 
 _EMA = 0.05  # weight of one request in the running mean of predicted prefill tokens
+
+
+def _first_turn(body: Mapping[str, Any] | None) -> bool:
+    """A chat request without assistant or tool turns: a conversation's first."""
+    messages = body.get("messages") if isinstance(body, Mapping) else None
+    if not isinstance(messages, list):
+        return False
+    return not any(isinstance(m, Mapping) and m.get("role") in ("assistant", "tool")
+                   for m in messages)
 
 
 def _novel_key(chunks: Chunks, known: int) -> str | None:
@@ -74,12 +82,13 @@ def _novel_key(chunks: Chunks, known: int) -> str | None:
 class Routed:
     """One request's routing decision and its outcome hooks (`router.proxy.Attempts`)."""
 
-    __slots__ = ("_in_flight", "_index", "_open", "cached", "chunks", "decision", "key",
-                 "prompt_tokens", "served_by", "tap")
+    __slots__ = ("_in_flight", "_index", "_on_start", "_open", "cached", "chunks", "decision",
+                 "key", "prompt_tokens", "served_by", "tap")
 
     def __init__(self, key: RoutingKey, decision: Decision, chunks: Chunks,
                  cached: Mapping[str, int], index: PrefixIndex | None,
-                 tap: UsageTap | None, in_flight: InFlight | None = None) -> None:
+                 tap: UsageTap | None, in_flight: InFlight | None = None,
+                 on_start: Callable[[float], None] | None = None) -> None:
         self.key = key
         self.decision = decision
         self.chunks = chunks
@@ -89,6 +98,7 @@ class Routed:
         self.served_by: str | None = None
         self._index = index
         self._in_flight = in_flight
+        self._on_start = on_start
         self._open: dict[str, float] = {}
 
     def prefill_on(self, replica: str) -> float:
@@ -102,6 +112,8 @@ class Routed:
         replica.pending_prefill += cost
         if self._in_flight is not None:
             self._in_flight.add(replica.name, self.chunks)
+        if self._on_start is not None:
+            self._on_start(cost)
 
     def _release(self, replica: ReplicaState) -> None:
         cost = self._open.pop(replica.name, None)
@@ -141,7 +153,6 @@ class Router:
         self._bounded = settings.policy in ("prefix", "cache_aware")
         self.policy: Policy | None = None
         self.pipeline: Pipeline | None = None
-        self.affinity: Affinities | None = None
         self.index: PrefixIndex | None = None
         if settings.policy == "cache_aware":
             self.index = index or ApproxIndex(settings.kv_capacity_tokens,
@@ -153,9 +164,10 @@ class Router:
                 settings.min_match_tokens)
         else:
             self.policy = make_policy(settings.policy, settings.load_factor, settings.load_floor)
-            if isinstance(self.policy, BoundedLoadPrefixPolicy):
-                self.affinity = Affinities(self.policy.bound, prompt=settings.prompt_affinity)
         self.in_flight = InFlight()
+        # the cache score of a conversation's first turn, relative to a later turn's
+        self._first_factor = (settings.first_turn_cache_weight / settings.cache_weight
+                              if settings.cache_weight else 1.0)
         self._capacity: dict[str, int] = {}
         self._mean_prefill = 0.0
 
@@ -171,8 +183,6 @@ class Router:
             decision = self.policy.choose(key, states, self.replicas.ring, seq)
             if decision is None:
                 return None
-            if self.affinity is not None:
-                decision = self.affinity.apply(key, decision, states)
             return Routed(key, self._lora(pool, decision, states), NO_CHUNKS, {}, None, tap)
         s = self.settings
         chunks = request_chunks(path, body, s.chunk_chars, s.chars_per_token)
@@ -191,11 +201,12 @@ class Router:
         best = max(cached.values(), default=0)
         cold_key = key.ring_key
         scored = cached
-        if best < s.match_threshold * prompt and key.source is not KeySource.HEADER:
-            # mostly new content: a new conversation. Place it by its own identity (its
-            # first unknown chunk for a raw prompt), not onto whichever replica holds its
-            # preamble, so that conversations spread over the fleet's KV caches.
-            cold_key = key.conversation or _novel_key(chunks, best) or cold_key
+        if 0 < best < s.match_threshold * prompt and key.source is not KeySource.HEADER:
+            # a known preamble followed by mostly new content: a new conversation. Place it
+            # by its first unknown chunk (chained: unique to this conversation), not onto
+            # whichever replica holds the preamble, so conversations spread over the fleet's
+            # KV caches. Nothing known anywhere: the static prefix's home, as nginx would.
+            cold_key = _novel_key(chunks, best) or cold_key
             scored = {}
         rank: dict[str, int] = {}
         if cold_key is not None:
@@ -212,14 +223,19 @@ class Router:
                                 queued_work(r, prompt, s.decode_tokens, mean, s.kv_high),
                                 rank.get(r.name, fleet))
                       for r in available]
-        decision = self.pipeline.pick(RequestView(key, prompt, cold_key is not None),
+        factor = self._first_factor if _first_turn(body) else 1.0
+        decision = self.pipeline.pick(RequestView(key, prompt, cold_key is not None, factor),
                                       candidates)
         if decision is None:
             return None
         decision = self._lora(pool, decision, states)
-        new = prompt - cached.get(decision.replica, 0)
-        self._mean_prefill = mean + _EMA * (max(0, new) - mean)
-        return Routed(key, decision, chunks, cached, self.index, tap, self.in_flight)
+        return Routed(key, decision, chunks, cached, self.index, tap, self.in_flight,
+                      self._dispatched)
+
+    def _dispatched(self, prefill: float) -> None:
+        """An attempt was dispatched with this predicted prefill (the running mean that prices
+        other routers' waiting requests)."""
+        self._mean_prefill += _EMA * (prefill - self._mean_prefill)
 
     def _lora(self, pool: Pool | None, decision: Decision,
               states: Sequence[ReplicaState]) -> Decision:

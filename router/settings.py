@@ -252,7 +252,7 @@ class DiscoverySettings:
 
 @dataclass(frozen=True)
 class RoutingSettings:
-    policy: str = "prefix"
+    policy: str = "cache_aware"
     ring: str = "xxhash"
     virtual_nodes: int = 160
     load_factor: float = 1.25
@@ -261,9 +261,10 @@ class RoutingSettings:
     max_prefix_chars: int = 65536
     key_header: str = "X-Prefix-Hash"
     session_header: str = "X-Session-ID"
-    prompt_affinity: bool = True
+    prompt_affinity: bool = True  # accepted, no effect: cache_aware supersedes the affinities
     # cache_aware (router/pipeline.py): scorer weights, the cost model, the prefix index
     cache_weight: float = 4.0
+    first_turn_cache_weight: float = 1.0
     load_weight: float = 1.0
     home_weight: float = 0.1
     decode_tokens: float = 32.0
@@ -289,6 +290,8 @@ class RoutingSettings:
                 session_header=r.string("session_header", cls.session_header),
                 prompt_affinity=r.boolean("prompt_affinity", cls.prompt_affinity),
                 cache_weight=r.number("cache_weight", cls.cache_weight, ge=0),
+                first_turn_cache_weight=r.number("first_turn_cache_weight",
+                                                 cls.first_turn_cache_weight, ge=0),
                 load_weight=r.number("load_weight", cls.load_weight, ge=0),
                 home_weight=r.number("home_weight", cls.home_weight, ge=0),
                 decode_tokens=r.number("decode_tokens", cls.decode_tokens, ge=0),

@@ -2,9 +2,9 @@
 upstream attempt, W3C Trace Context continued from the client and handed to the replica.
 
 Only imported when `tracing.enabled` is true (it needs the `otel` extra: opentelemetry-sdk and
-the OTLP/HTTP exporter). With tracing off the app holds ``tracing = None``, so a request costs
-one attribute test in the app and one ``is None`` test per attempt in the proxy; nothing here or
-in opentelemetry is imported.
+the OTLP/HTTP exporter). With tracing off the app holds ``tracing = None``: a request costs one
+attribute test, then its trace is a local None that the app tests three times and the proxy
+twice per attempt; nothing here or in opentelemetry is imported.
 
 Trace shape, for a client that sent ``traceparent: 00-T-P-01``:
 

@@ -16,7 +16,9 @@ replica compute depends on the tokeniser. Two implementations share one small pr
   is what makes the auditor fast on real traces, where the system prompt repeats on every request.
 
 * :class:`HFTokenizer` — wraps ``tokenizers.Tokenizer.from_file`` (optional extra) for exact token
-  and block boundaries of a real model.
+  and block boundaries of a real model; by default through :mod:`.incremental`, which reuses the
+  tokens of a repeated prefix (a template's static part, a conversation's earlier turns) and
+  encodes only the rest, token-for-token as the library would.
 
 Cost: default tokeniser O(len(text)) on a cache miss (one regex pass), O(lines) on a hit: each
 line's ids are cached as one tuple ending in the newline token, so a text is a C-level extend per
@@ -32,9 +34,12 @@ import json
 import os
 import re
 from itertools import chain
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import xxhash
+
+if TYPE_CHECKING:
+    from templates_audit.incremental import Encoded, IncrementalEncoder
 
 __all__ = [
     "MAX_PIECE_CHARS",
@@ -297,10 +302,17 @@ class HFTokenizer:
     """A Hugging Face ``tokenizer.json`` loaded with the ``tokenizers`` library.
 
     ``add_special_tokens`` defaults to False because vLLM renders chat prompts with the template
-    (which already writes BOS) and tokenises them without adding special tokens again.
+    (which already writes BOS) and tokenises them without adding special tokens again; like
+    vLLM's tokenizer it never truncates or pads (settings in the file are turned off).
+
+    ``incremental`` (default): encodings go through :class:`.incremental.IncrementalEncoder`,
+    which reuses the tokens of recently encoded texts sharing a prefix and is token-for-token
+    the library's ``encode`` (``cache_tokens`` bounds its memory); False: every text is encoded
+    whole by the library, as before.
     """
 
-    def __init__(self, path: str, add_special_tokens: bool = False) -> None:
+    def __init__(self, path: str, add_special_tokens: bool = False, incremental: bool = True,
+                 cache_tokens: int | None = None) -> None:
         try:
             from tokenizers import Tokenizer as _HF
         except ImportError as exc:  # pragma: no cover - depends on the optional extra
@@ -313,24 +325,49 @@ class HFTokenizer:
             self._tok = _HF.from_file(file)
         except Exception as exc:
             raise TokenizerError(f"cannot load tokenizer {file!r}: {exc}") from exc
+        self._tok.no_truncation()
+        self._tok.no_padding()
         self.name = f"hf:{os.path.basename(os.path.dirname(os.path.abspath(file))) or file}"
         self.path = file
         self.add_special_tokens = add_special_tokens
+        self.incremental: IncrementalEncoder | None = None
+        if incremental:
+            from templates_audit.incremental import DEFAULT_CACHE_TOKENS, IncrementalEncoder
+
+            self.incremental = IncrementalEncoder(
+                self._tok, add_special_tokens=add_special_tokens,
+                cache_tokens=DEFAULT_CACHE_TOKENS if cache_tokens is None else cache_tokens)
 
     def _encode(self, text: str) -> Any:
         try:
             return self._tok.encode(text, add_special_tokens=self.add_special_tokens)
         except TypeError as exc:  # tokenizers: "TextInputSequence must be str"
-            bad = next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
-            why = f"a lone surrogate at character {bad}" if bad is not None else str(exc)
-            raise EncodeError(f"the tokenizer cannot encode the text ({why})") from None
+            raise _encode_error(text, exc) from None
+
+    def encoded(self, text: str) -> Encoded:
+        """``text``'s :class:`.incremental.Encoded` (ids, offsets, cached block hashes)."""
+        if self.incremental is None:
+            from templates_audit.incremental import Encoded
+
+            enc = self._encode(text)
+            starts = [start for start, _ in enc.offsets]
+            return Encoded(text, list(enc.ids), starts, [], b"")
+        try:
+            return self.incremental.encode(text)
+        except TypeError as exc:
+            raise _encode_error(text, exc) from None
 
     def encode(self, text: str) -> list[int]:
-        return list(self._encode(text).ids)
+        if self.incremental is None:
+            return list(self._encode(text).ids)
+        return list(self.encoded(text).ids)
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
-        enc = self._encode(text)
-        return list(enc.ids), [start for start, _ in enc.offsets]
+        if self.incremental is None:
+            enc = self._encode(text)
+            return list(enc.ids), [start for start, _ in enc.offsets]
+        e = self.encoded(text)
+        return list(e.ids), list(e.starts)
 
     def chat_template(self) -> str | None:
         """The chat template from a ``tokenizer_config.json`` next to the tokenizer, if any."""
@@ -347,6 +384,12 @@ class HFTokenizer:
                     return str(item.get("template"))
             return None
         return tmpl if isinstance(tmpl, str) else None
+
+
+def _encode_error(text: str, exc: Exception) -> EncodeError:
+    bad = next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
+    why = f"a lone surrogate at character {bad}" if bad is not None else str(exc)
+    return EncodeError(f"the tokenizer cannot encode the text ({why})")
 
 
 _DEFAULT = DefaultTokenizer()

@@ -59,8 +59,11 @@ def test_same_prefix_lands_on_one_replica_at_low_load(fake_fleet: Any, router_se
 def test_hot_prefix_spreads_while_conversations_stay(fake_fleet: Any,
                                                      router_server: Any) -> None:
     fleet: Fleet = fake_fleet(4)
-    # default load_factor 1.25; loads are this router's exact in-flight counts (no scrape lag)
-    srv, app = router_server(router_settings(fleet.urls, scrape={"enabled": False}))
+    # cache_aware with its bounded-load floor at 0: the pure cap ceil(1.25 * (L + 1) / 4) on
+    # this router's exact in-flight counts (no scrape lag); the conversations' histories are
+    # what keeps them on their replica (the prefix index, written from each answered turn)
+    srv, app = router_server(router_settings(fleet.urls, scrape={"enabled": False},
+                                             routing={"cache_load_floor": 0}))
     c = client(srv.url, timeout=30)
     conversations, turns = 32, 4
     placed: dict[int, list[str]] = defaultdict(list)
@@ -80,9 +83,15 @@ def test_hot_prefix_spreads_while_conversations_stay(fake_fleet: Any,
         # unsynchronised conversations, like real users: staggered starts, varied answer times
         time.sleep(conv * 0.01)
         delay = str(0.2 + (conv % 7) * 0.03)
+        history: list[Any] = [{"role": "system", "content": SYSTEM}]
         for turn in range(turns):
-            placed[conv].append(ask(c, SYSTEM, f"turn {turn}", False, user=f"user-{conv}",
-                                    extra_headers={"x-fake-delay": delay}))
+            # each turn resends the conversation so far, as chat clients do
+            history.append({"role": "user", "content": f"user {conv} asks question {turn}"})
+            r = c.chat.completions.create(model="fake-model", messages=history,
+                                          extra_headers={"x-fake-delay": delay})
+            answer = r.choices[0].message.content or ""
+            placed[conv].append(answer)  # the fake answers with its name
+            history.append({"role": "assistant", "content": answer})
 
     sampler = threading.Thread(target=sample)
     sampler.start()

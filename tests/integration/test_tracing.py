@@ -77,7 +77,7 @@ def no_text(span: ReceivedSpan, *texts: str) -> None:
 def test_spans_continue_the_client_trace_and_carry_the_decision(
         fake_fleet: Any, router_server: Any, receiver: OtlpReceiver, stream: bool) -> None:
     fleet: Fleet = fake_fleet(2)
-    srv, _ = router_server(traced(fleet.urls, receiver))
+    srv, _ = router_server(traced(fleet.urls, receiver, routing={"policy": "prefix"}))
     header, trace_id, client_span = traceparent()
     c = client(srv.url)
     kw: dict[str, Any] = {"extra_headers": {"traceparent": header, "tracestate": "vendor=1"}}
@@ -188,7 +188,7 @@ def test_every_attempt_is_a_span_after_a_replica_was_killed(
         sim.kill(1)
         # probes far apart: only the proxy's own failures can eject the dead replica, so the
         # requests homed on it meet it first
-        srv, _ = router_server(traced(list(sim.urls), receiver,
+        srv, _ = router_server(traced(list(sim.urls), receiver, routing={"policy": "prefix"},
                                       health={"interval": 30.0, "eject_after": 50}))
         c = client(srv.url, timeout=30)
         sent: dict[str, tuple[int, int]] = {}

@@ -27,13 +27,18 @@ def test_setups_follow_the_router_policies(monkeypatch: pytest.MonkeyPatch) -> N
     assert {f"router-{p}" for p in rs.POLICIES} <= set(bench.setups())
     assert {"nginx", "sglang-cache_aware", "sglang-round_robin"} <= set(bench.setups())
     # a policy the router gains is benchmarked, and several processes of it measured
+    monkeypatch.setattr(rs, "POLICIES", tuple(p for p in rs.POLICIES if p != "cache_aware"))
+    monkeypatch.setattr(rs.RoutingSettings, "policy", "prefix")
+    assert bench.judged() == ["router-prefix"] and "router-cache_aware" not in bench.setups()
     monkeypatch.setattr(rs, "POLICIES", (*rs.POLICIES, "cache_aware"))
     assert "router-cache_aware" in bench.setups()
     assert bench.split_setups() == ["router-cache_aware-x1", "router-cache_aware-x2",
                                     "router-cache_aware-x4", "sglang-cache_aware-x2"]
+    assert bench.judged() == ["router-prefix", "router-cache_aware"]  # the candidate too
     # ... and the targets judge whichever is the default
     monkeypatch.setattr(rs.RoutingSettings, "policy", "cache_aware")
     assert bench.setups()[0] == "router-cache_aware" and bench.default_policy() == "cache_aware"
+    assert bench.judged() == ["router-cache_aware"]
 
 
 def test_bench_vllm_reads_the_cache_size_a_replica_reports(threaded_server: Any) -> None:
@@ -64,4 +69,4 @@ def test_bench_vllm_page_shows_the_ceiling_and_the_default_policy_against_both()
     assert "cache_aware 0.89, prefix 0.78, round_robin 0.56" in doc
     assert "cache_aware 80.0% vs round-robin 50.0%" in doc
     assert "cache_aware 80.0% vs prefix 70.0%" in doc
-    assert "cache_aware's TTFT p99 is above round-robin's" in doc
+    assert "cache_aware's TTFT p99 is above round-robin's." in doc

@@ -111,34 +111,35 @@ def _conversation_records(turns: int, convs: int, first_id: int, first_turn_bloc
     return recs
 
 
-def test_prompt_affinity_keeps_completions_conversations_together_under_spill(
+def test_cache_aware_keeps_completions_conversations_together_under_spill(
         tmp_path: object) -> None:
     """Mooncake-style conversations sharing one system block: every record has the same key,
-    so under load the key spills; with prompt affinity each continuation follows its history."""
+    so under load the hash-only prefix policy spills them anywhere; cache_aware sends each
+    continuation to the replica holding its history."""
     rng = random.Random(5)
     recs = _conversation_records(turns=4, convs=30, first_id=1000, first_turn_blocks=1,
                                  output_length=8, gap=lambda: rng.randrange(5, 15))
     reqs = _trace_requests(recs, Path(str(tmp_path)), max_output_tokens=8)
     cfg = dict(replicas=4, kv_blocks=1200, load_floor=0)
-    on = simulate(reqs, SimConfig(**cfg, prompt_affinity=True))
-    off = simulate(reqs, SimConfig(**cfg, prompt_affinity=False))
-    assert off.branches.get("spill", 0) > 0          # the shared key did spill
-    assert on.branches.get("conversation", 0) > 0    # and continuations were moved back
-    assert on.hit_rate > off.hit_rate + 0.05, (on.hit_rate, off.hit_rate)
+    ca = simulate(reqs, SimConfig(**cfg, policy="cache_aware", routing={"cache_load_floor": 0}))
+    prefix = simulate(reqs, SimConfig(**cfg, policy="prefix"))
+    assert prefix.branches.get("spill", 0) > 0      # the shared key did spill
+    assert ca.branches.get("cache_hit", 0) > 0      # continuations followed their history
+    assert ca.hit_rate > prefix.hit_rate + 0.05, (ca.hit_rate, prefix.hit_rate)
 
 
-def test_prompt_affinity_spreads_new_conversations_at_low_load(tmp_path: object) -> None:
-    """Below the load floor nothing spills, so without prompt affinity every conversation of
-    the shared system block runs on the key's home and their histories evict each other in its
-    KV cache; placed by their first new chunk they use the whole fleet's caches."""
+def test_cache_aware_spreads_new_conversations_at_low_load(tmp_path: object) -> None:
+    """Below the load floor the prefix policy runs every conversation of the shared system
+    block on the key's home, where their histories evict each other; cache_aware places each
+    new conversation by its own first chunk and uses the whole fleet's caches."""
     recs = _conversation_records(turns=3, convs=40, first_id=5000, first_turn_blocks=2,
                                  output_length=4, gap=lambda: 400)   # one request at a time
     reqs = _trace_requests(recs, Path(str(tmp_path)), max_output_tokens=4)
-    on = simulate(reqs, SimConfig(replicas=4, kv_blocks=1500, prompt_affinity=True))
-    off = simulate(reqs, SimConfig(replicas=4, kv_blocks=1500, prompt_affinity=False))
-    assert off.load_max_over_mean == pytest.approx(4.0)   # everything on one replica
-    assert on.load_max_over_mean < 2.0
-    assert on.hit_rate > off.hit_rate + 0.1, (on.hit_rate, off.hit_rate)
+    ca = simulate(reqs, SimConfig(replicas=4, kv_blocks=1500, policy="cache_aware"))
+    prefix = simulate(reqs, SimConfig(replicas=4, kv_blocks=1500, policy="prefix"))
+    assert prefix.load_max_over_mean == pytest.approx(4.0)   # everything on one replica
+    assert ca.load_max_over_mean < 2.0
+    assert ca.hit_rate > prefix.hit_rate + 0.1, (ca.hit_rate, prefix.hit_rate)
 
 
 def test_a_bad_trace_line_is_a_usage_error_naming_it(tmp_path: Path,

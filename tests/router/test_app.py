@@ -242,47 +242,12 @@ def test_lifespan_stops_background_tasks(fake_fleet: Any) -> None:
     assert all(t.done() for t in tasks) and app._session is None
 
 
-def test_conversation_affinity_keeps_a_turn_on_its_replica_under_the_cap() -> None:
-    from router.affinity import ConversationAffinity
-    from router.keys import KeySource, RoutingKey
-    from router.policy import Branch, Decision, LoadBound
-    from router.replicas import ReplicaState
-
-    states = [ReplicaState(f"r{i}", f"http://h:{i}") for i in range(4)]
-    aff = ConversationAffinity(LoadBound(1.25, 0), size=2)
-    key = RoutingKey("prefix-hash", "conv-1", KeySource.PREFIX)
-    spill_r2 = Decision("r2", Branch.SPILL, ("r2", "r0", "r1", "r3"), "r0")
-    home_r0 = Decision("r0", Branch.HOME, ("r0", "r1", "r2", "r3"), "r0")
-    assert aff.apply(key, Decision("r1", Branch.SPILL, ("r1", "r0", "r2", "r3"), "r0"),
-                     states).replica == "r1"
-    # next turn: the policy would move it, r1 is under the cap -> stays on r1
-    got = aff.apply(key, spill_r2, states)
-    assert (got.replica, got.branch, got.candidates) == ("r1", Branch.CONVERSATION,
-                                                         ("r1", "r2", "r0", "r3"))
-    # r1 at the cap (loads 8 of 10 total: cap = ceil(1.25 * 11 / 4) = 4) -> the policy's choice
-    states[1].in_flight, states[0].in_flight = 4, 6
-    assert aff.apply(key, spill_r2, states) == spill_r2
-    states[1].in_flight = states[0].in_flight = 0
-    # now remembered on r2; r2 draining -> the policy's choice again
-    states[2].draining = True
-    assert aff.apply(key, home_r0, states) == home_r0
-    # keys without a prefix are already placed by conversation on the ring: untouched
-    conv_key = RoutingKey(None, "conv-1", KeySource.CONVERSATION)
-    assert aff.apply(conv_key, spill_r2, states) == spill_r2
-    # bounded: the oldest conversation is forgotten
-    for c in ("conv-2", "conv-3"):
-        aff.apply(RoutingKey("p", c, KeySource.PREFIX), home_r0, states)
-    states[2].draining = False
-    assert aff.apply(key, spill_r2, states) == spill_r2
-
-
-def test_prompt_affinity_is_wired_for_the_prefix_policy_only() -> None:
+def test_the_default_policy_is_the_cache_aware_pipeline() -> None:
     base = {"replicas": [{"name": "r0", "url": "http://h:1"}]}
-    on = RouterApp(Settings.from_dict(base))
-    assert on.affinity is not None and on.affinity.prompt is not None
-    assert on.key_config.chunk_bytes == 1024
-    off = RouterApp(Settings.from_dict({**base, "routing": {"prompt_affinity": False}}))
-    assert off.affinity is not None and off.affinity.prompt is None
-    assert off.key_config.chunk_bytes == 0
-    rr = RouterApp(Settings.from_dict({**base, "routing": {"policy": "round_robin"}}))
-    assert rr.affinity is None and rr.key_config.chunk_bytes == 0
+    app = RouterApp(Settings.from_dict(base))
+    assert app.router.pipeline is not None and app.router.index is not None
+    assert app.policy is None
+    # prompt_affinity is still accepted; the hash-only prefix policy keeps no tables
+    prefix = RouterApp(Settings.from_dict({**base, "routing": {"policy": "prefix",
+                                                               "prompt_affinity": False}}))
+    assert prefix.policy is not None and prefix.router.index is None

@@ -201,4 +201,7 @@ def test_kv_capacity_from_cache_config_info_labels() -> None:
     assert kv_capacity_tokens('{block_size="16",num_gpu_blocks="None"}') == 0  # before profiling
     assert kv_capacity_tokens('{block_size="16"}') == 0
     assert kv_capacity_tokens('{xnum_gpu_blocks="9",num_gpu_blocks="4",block_size="8"}') == 32
+    # labels as a real vLLM (CPU, 0.x) exports them: hash_block_size must not read as block_size
+    assert kv_capacity_tokens('{_block_size_resolved="True",hash_block_size="None",engine="0",'
+                              'block_size="32",num_gpu_blocks="256"}') == 256 * 32
     assert parse_vllm_metrics("vllm:num_requests_running 1\n").kv_capacity == 0

@@ -24,7 +24,6 @@ MODULES = sorted(m.name for m in pkgutil.walk_packages(router.__path__, "router.
 
 PINNED: dict[str, list[str]] = {
     "router.accesslog": ["AccessLog", "AccessRecord", "CLIENT_CLOSED", "PIPE_BUF", "encode"],
-    "router.affinity": ["Affinities", "ConversationAffinity", "PromptAffinity"],
     "router.app": ["RouterApp", "app_factory", "create_app", "start_tracing"],
     "router.auth": ["ClientAuth", "bearer_token", "upstream_authorization"],
     "router.body": ["ClientGone", "PROMPT_FIELDS", "read_body", "validate_body"],

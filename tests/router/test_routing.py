@@ -6,8 +6,8 @@ from typing import Any
 
 from router.discovery.base import Endpoint
 from router.policy import Branch
-from router.replicas import ReplicaSet
-from router.routing import Router
+from router.replicas import ReplicaSet, ReplicaState
+from router.routing import Routed, Router
 from router.settings import Settings
 
 CHAT = "/v1/chat/completions"
@@ -27,6 +27,13 @@ def body(*turns: str, system: str = "You answer questions about the billing syst
         if i < len(turns) - 1:
             msgs.append({"role": "assistant", "content": f"answer to {t}"})
     return {"model": "m", "messages": msgs}
+
+
+def answer(routed: Routed, state: ReplicaState, status: int = 200) -> None:
+    """One attempt that the replica answered, as the proxy reports it."""
+    routed.started(state)
+    routed.served(state, status)
+    routed.ended(state)
 
 
 def test_selection_writes_nothing_and_failures_write_nothing() -> None:
@@ -51,9 +58,7 @@ def test_a_retried_request_is_indexed_on_the_replica_that_answered() -> None:
     assert first is not None and second is not None
     routed.started(first)
     routed.ended(first)  # connect refused: the proxy moves on
-    routed.started(second)
-    routed.served(second, 200)
-    routed.ended(second)
+    answer(routed, second)
     assert r.index is not None
     assert r.index.match(routed.chunks) == {second.name: routed.prompt_tokens}
     assert routed.served_by == second.name and routed.predicted == 0
@@ -75,9 +80,7 @@ def test_next_turn_follows_the_replica_that_served_the_last() -> None:
         assert routed is not None
         state = r.replicas.get(routed.decision.replica)
         assert state is not None
-        routed.started(state)
-        routed.served(state, 200)
-        routed.ended(state)
+        answer(routed, state)
         placed[conv] = state.name
     for conv, where in placed.items():
         nxt = r.route(CHAT, {}, body(f"first {conv}", "second"), 2)
@@ -112,6 +115,20 @@ def test_scraped_capacity_bounds_the_index() -> None:
     assert routed is not None and r.index is not None
     r0 = r.replicas.get("r0")
     assert r0 is not None
-    routed.started(r0)
-    routed.served(r0, 200)
+    answer(routed, r0)
     assert 0 < r.index.used("r0") <= 300 < routed.prompt_tokens  # type: ignore[attr-defined]
+
+
+def test_first_turns_weigh_the_cached_preamble_less_than_later_turns() -> None:
+    r = router()
+    warm = r.route(CHAT, {}, body("q0"), 1)
+    assert warm is not None
+    holder = r.replicas.get(warm.decision.replica)
+    assert holder is not None
+    answer(warm, holder)
+    holder.pending_prefill = 1.2 * warm.prompt_tokens  # queued work there: more than a cold copy
+    first = r.route(CHAT, {}, body("new conversation"), 2)
+    later = r.route(CHAT, {}, body("q0", "follow-up"), 3)
+    assert first is not None and later is not None
+    assert first.decision.replica != holder.name  # the preamble is copied once, elsewhere
+    assert (later.decision.replica, later.decision.branch) == (holder.name, Branch.CACHE_HIT)

@@ -22,7 +22,7 @@ ONE = [{"name": "r0", "url": "http://127.0.0.1:8101"}]
 def test_defaults_match_the_documented_schema() -> None:
     s = Settings.from_dict({})
     assert (s.listen.host, s.listen.port, s.workers) == ("127.0.0.1", 8000, 1)
-    assert s.routing.policy == "prefix" and s.routing.load_factor == 1.25
+    assert s.routing.policy == "cache_aware" and s.routing.load_factor == 1.25
     assert s.routing.load_floor == 8
     assert s.routing.prompt_affinity is True
     assert s.routing.virtual_nodes == 160 and s.routing.key_header == "X-Prefix-Hash"
@@ -202,7 +202,7 @@ def test_settings_are_frozen() -> None:
     s = Settings()
     with pytest.raises(AttributeError):
         s.workers = 3  # type: ignore[misc]
-    assert json.loads(s.to_json())["routing"]["policy"] == "prefix"
+    assert json.loads(s.to_json())["routing"]["policy"] == "cache_aware"
 
 
 def test_tracing_needs_the_otel_extra(monkeypatch: pytest.MonkeyPatch) -> None:
