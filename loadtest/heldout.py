@@ -14,7 +14,9 @@ back, so a closed loop of up to that many workers has finished it), resending it
 and a new question; otherwise it opens a new conversation with one of the prompts. No ``user``
 field. Same seed, same requests.
 
-Runs (`RUNS`): 4 replicas at concurrency 16 and 8 replicas at concurrency 32, closed loop,
+Setups (`default_setups`): the router's default policy and cache_aware, prefix, round-robin and
+sglang-router cache_aware. Runs (`RUNS`): 4 replicas at concurrency 16 and 8 replicas at
+concurrency 32, closed loop,
 600 requests each, the compare harness's fleet (`loadtest.compare.FleetParams` defaults: a KV
 cache that cannot hold all the prompts on one replica), a fresh fleet per setup. Reports hit rate,
 TTFT p50/p99, max/mean prompt tokens and requests per replica, and the one-cache ceiling.
@@ -123,10 +125,14 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def default_setups() -> list[str]:
-    from router.settings import RoutingSettings
+    """The router's default policy and cache_aware (issue #18's candidate), prefix,
+    round-robin and sglang-router cache_aware."""
+    from router.settings import POLICIES, RoutingSettings
 
-    ours = f"router-{RoutingSettings.policy}"
-    return list(dict.fromkeys([ours, "router-prefix", "router-round_robin",
+    mine = [f"router-{RoutingSettings.policy}"]
+    if "cache_aware" in POLICIES:
+        mine.append("router-cache_aware")
+    return list(dict.fromkeys([*mine, "router-prefix", "router-round_robin",
                                "sglang-cache_aware"]))
 
 
@@ -158,8 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, required=True, help="choose a new one for every check")
     p.add_argument("--requests", type=int, default=600)
     p.add_argument("--setup", action="append", default=None,
-                   help="repeatable; default: the router's default policy, router-prefix, "
-                        "router-round_robin, sglang-cache_aware")
+                   help="repeatable; default: the router's default policy, cache_aware, "
+                        "router-prefix, router-round_robin, sglang-cache_aware")
     p.add_argument("--out", help="JSON results")
     p.add_argument("--markdown", help="markdown table (default: stdout)")
     args = p.parse_args(argv)

@@ -69,4 +69,4 @@ def test_bench_vllm_page_shows_the_ceiling_and_the_default_policy_against_both()
     assert "cache_aware 0.89, prefix 0.78, round_robin 0.56" in doc
     assert "cache_aware 80.0% vs round-robin 50.0%" in doc
     assert "cache_aware 80.0% vs prefix 70.0%" in doc
-    assert "cache_aware's TTFT p99 is above round-robin's" in doc
+    assert "cache_aware's TTFT p99 is above round-robin's." in doc

@@ -47,3 +47,13 @@ def test_markdown() -> None:
     assert "--seed 5" in md
     assert "| 4 replicas, c=16 | router-prefix | 90.0% | 40 | 500 | 1.50 | 1.20 | 0 |" in md
     assert "|  | *one-cache ceiling* | 95.0% |" in md
+
+
+def test_default_setups_include_the_candidate() -> None:
+    from loadtest.heldout import default_setups
+    from router.settings import POLICIES, RoutingSettings
+
+    got = default_setups()
+    assert got[0] == f"router-{RoutingSettings.policy}" and len(got) == len(set(got))
+    assert {"router-prefix", "router-round_robin", "sglang-cache_aware"} <= set(got)
+    assert ("router-cache_aware" in got) == ("cache_aware" in POLICIES)
