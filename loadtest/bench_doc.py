@@ -283,6 +283,10 @@ def _footer() -> list[str]:
         "The same comparison on two real vLLM (CPU) replicas serving a tiny random-weight Llama, "
         "caches emptied between setups, hit rate from vLLM's own counters: "
         "[benchmarks-vllm.md](benchmarks-vllm.md) (`make bench-vllm`).\n",
+        "## Held-out check\n",
+        "A workload nobody tunes on, kept out of this page's run on purpose (`python -m "
+        "loadtest.heldout --seed N`, a fresh seed per check): "
+        "[benchmarks-heldout.md](benchmarks-heldout.md).\n",
         "## Several models and LoRA adapters\n",
         "A mixed fleet (llama and qwen, two LoRA adapters of llama, one adapter slot per step): "
         "model-aware routing against round-robin within each model's pool and a model-blind "

@@ -169,7 +169,9 @@ def cache_config(url: str, timeout: float = 10.0) -> tuple[int, int] | None:
     with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout) as resp:
         text = resp.read().decode()
     line = next((ln for ln in text.splitlines() if ln.startswith("vllm:cache_config_info{")), "")
-    bs, blocks = re.search(r'block_size="(\d+)"', line), re.search(r'num_gpu_blocks="(\d+)"', line)
+    # the label itself, not hash_block_size (newer vLLMs export both)
+    bs = re.search(r'[{,]block_size="(\d+)"', line)
+    blocks = re.search(r'[{,]num_gpu_blocks="(\d+)"', line)
     return (int(bs.group(1)), int(blocks.group(1))) if bs and blocks else None
 
 

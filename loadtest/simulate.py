@@ -32,6 +32,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import yaml
@@ -99,6 +100,7 @@ class SimResult:
     preemptions: int
     ceiling: dict[str, Any] = field(default_factory=dict)  # `ceiling(requests, config)`
     rejected: int = 0  # requests longer than a replica's KV pool (a replica answers 400)
+    holds: int = 0  # requests held until an earlier one's prefill of their prefix answered
 
     @property
     def of_ceiling(self) -> float:
@@ -157,9 +159,16 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
     per_replica: dict[str, int] = dict.fromkeys(names, 0)
     branches: dict[str, int] = {}
     seq_counter = itertools.count()
+    rids = itertools.count()
+    pending: dict[int, tuple[SimRequest, Routed, float]] = {}  # routed, not dispatched yet
+    hold_timeout = router.settings.hold_timeout
+    holds = 0
     rejected = 0
     now = 0.0
     wall0 = time.perf_counter()
+
+    def dispatch_now(rid: int) -> None:
+        heapq.heappush(heap, (clock[0], next(order), "submit", rid))
 
     def start_step(name: str, t: float) -> None:
         eng = engines[name]
@@ -186,11 +195,24 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
             if r_ is None:
                 continue
             decision = r_.decision
-            name = decision.replica
             branches[str(decision.branch)] = branches.get(str(decision.branch), 0) + 1
-            per_replica[name] += 1
+            per_replica[decision.replica] += 1
+            rid = next(rids)
+            pending[rid] = (req, r_, now)
+            leader = r_.leader
+            if leader is not None and leader.when_answered(partial(dispatch_now, rid)):
+                # held until the leader answers (the app's `_hold`), at most hold_timeout
+                holds += 1
+                heapq.heappush(heap, (now + hold_timeout, next(order), "submit", rid))
+            else:
+                heapq.heappush(heap, (now, next(order), "submit", rid))
+        elif kind == "submit":
+            rid = payload
+            if rid not in pending:
+                continue  # already dispatched (its leader answered before the timeout)
+            req, r_, arrived = pending.pop(rid)
+            name = r_.decision.replica
             eng = engines[name]
-            rid = len(arrivals)
             try:
                 eng.submit(EngineRequest(request_id=str(rid), prompt_ids=req.prompt_ids,
                                          max_tokens=req.max_tokens,
@@ -198,7 +220,7 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
             except EngineError:  # too long for the replica: it answers 400, counts nothing
                 rejected += 1
                 continue
-            arrivals[rid] = now
+            arrivals[rid] = arrived
             routed[rid] = r_
             states[name].in_flight += 1  # what the proxy does around an attempt
             r_.started(states[name])
@@ -227,6 +249,7 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
     return SimResult(
         config=cfg,
         requests=len(arrivals),
+        holds=holds,
         virtual_seconds=now,
         wall_seconds=time.perf_counter() - wall0,
         hit_rate=hits / queries if queries else 0.0,
@@ -327,7 +350,7 @@ def mooncake_requests(
             yield SimRequest(
                 at=(rec.timestamp + rep * span) / 1000.0 / time_scale,
                 path="/v1/completions",
-                key_body={"model": "sim-model", "prompt": prompt},
+                key_body={"model": "sim-model", "prompt": prompt, "stream": True},
                 prompt_ids=ids,
                 max_tokens=max(1, min(rec.output_length, max_output_tokens)),
                 prompt_hashes=hashes,
@@ -344,7 +367,8 @@ def workload_requests(name: str, requests: int, seed: int, rate: float, **kw: An
     tok = default_tokenizer()
     renderer = ChatRenderer()
     out = []
-    for r in generate(WorkloadSpec(name, requests=requests, seed=seed, rate=rate, stream=False, **kw)):
+    # streamed, as the simulation answers: a response starts with its first token
+    for r in generate(WorkloadSpec(name, requests=requests, seed=seed, rate=rate, stream=True, **kw)):
         if "messages" in r.body:
             text = renderer.render(r.body["messages"], r.body.get("tools"))
         else:

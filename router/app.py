@@ -64,7 +64,7 @@ from router.models import PoolStatus, select_pool
 from router.policy import Branch
 from router.proxy import Forwarder, Upstream, make_session
 from router.replicas import EndpointLike, ReplicaSet
-from router.routing import Router
+from router.routing import Routed, Router
 from router.settings import Settings, SettingsError, settings_from_env
 from router.usage import UsageTap
 
@@ -312,6 +312,8 @@ class RouterApp:
         if ring_key is not None:
             self.metrics.observe_key(ring_key)
         assert self.forwarder is not None, "request before lifespan startup"
+        if routed.leader is not None:
+            await self._hold(routed.leader, decision.replica)
         try:
             await self.forwarder.forward(scope, receive, send, body if body else None,
                                          decision.candidates, record, routed, trace)
@@ -323,6 +325,27 @@ class RouterApp:
                 if trace is not None:
                     trace.outcome(usage, routed.predicted if self.router.index is not None
                                   else None)
+
+    async def _hold(self, leader: Routed, replica: str) -> None:
+        """Wait until ``leader`` (prefilling this request's prefix on ``replica``) answers, at
+        most ``routing.hold_timeout``: then the prefix is cached there and this request
+        prefills only the rest (`router.routing.Routed.leader`)."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def wake() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        t0 = loop.time()
+        if not leader.when_answered(wake):
+            return
+        outcome = "answered"
+        try:
+            await asyncio.wait_for(done, self.settings.routing.hold_timeout)
+        except TimeoutError:
+            outcome = "timeout"
+        self.metrics.hold(replica, outcome, loop.time() - t0)
 
     def _retry_after(self) -> int:
         return max(1, round(min(self.settings.health.interval,

@@ -144,6 +144,11 @@ class RouterMetrics:
         self.reported_prompt = Counter(
             p + "reported_prompt_tokens", "Prompt tokens of the responses that reported cached "
             "tokens (usage.prompt_tokens)", ["replica"], registry=r)
+        self.held = Histogram(
+            p + "hold_seconds", "Requests held before dispatch while an earlier request of "
+            "this router prefilled their prefix on the chosen replica (routing.hold_tokens), "
+            "by replica and outcome=answered|timeout", ["replica", "outcome"],
+            buckets=TTFB_BUCKETS, registry=r)
         self._cached: dict[str, tuple[Counter, Counter, Counter]] = {}
         self._keys = DistinctKeys()
         self._keys_refreshed = 0.0
@@ -212,6 +217,9 @@ class RouterMetrics:
 
     def spill(self, replica: str, model: str = "unknown") -> None:
         self.spills.labels(replica, model).inc()
+
+    def hold(self, replica: str, outcome: str, seconds: float) -> None:
+        self.held.labels(replica, outcome).observe(seconds)
 
     def scraped_load(self, replica: str, running: float, waiting: float, kv_usage: float) -> None:
         self.scraped.labels(replica, "running").set(running)

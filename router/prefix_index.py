@@ -102,37 +102,61 @@ class InFlight:
     A burst of requests with the same new prefix would otherwise look cold everywhere until the
     first one's prefill finished, and spread over replicas that each prefill it again. Matching
     these too (the pipeline also counts their pending prefill as queued work on the replica)
-    lets the burst queue behind the first. Entries are reference-counted and removed when the
-    attempt is served or ends, so a failed request leaves nothing behind. Bounded by the
-    requests in flight. Cost as `ApproxIndex.match` / ``record`` without eviction.
+    sends the burst to the replica computing the prefix, and ``leader`` names the request
+    computing it there, so the router can hold the others until that prefill is done
+    (`router.routing.Routed.leader`). Each chunk keeps its owners per replica in dispatch order
+    (any hashable object: the router passes its `Routed`); ``remove`` drops one, so a failed
+    request leaves nothing behind. Bounded by the requests in flight. Cost as
+    `ApproxIndex.match` / ``record`` without eviction; ``leader`` is O(chunks).
     """
 
     def __init__(self) -> None:
-        self._holders: dict[int, dict[str, int]] = {}
+        self._holders: dict[int, dict[str, list[object]]] = {}
 
     def match(self, chunks: Chunks) -> dict[str, int]:
         return match_holders(self._holders, chunks)
 
-    def add(self, replica: str, chunks: Chunks) -> None:
+    def leader(self, chunks: Chunks, replica: str) -> tuple[object, int] | None:
+        """The earliest owner still in flight on ``replica`` of the longest prefix of
+        ``chunks`` in flight there, and that prefix's tokens; None when there is none."""
+        holders = self._holders
+        hashes = chunks.hashes
+        found = None
+        for i, h in enumerate(hashes):
+            owners = holders.get(h, {}).get(replica)
+            if not owners:
+                break
+            found = (owners[0], chunks.tokens[i])
+        return found
+
+    def add(self, replica: str, chunks: Chunks, owner: object = None) -> None:
         holders = self._holders
         for h in chunks.hashes:
             held = holders.get(h)
             if held is None:
-                holders[h] = {replica: 1}
+                holders[h] = {replica: [owner]}
             else:
-                held[replica] = held.get(replica, 0) + 1
+                owners = held.get(replica)
+                if owners is None:
+                    held[replica] = [owner]
+                else:
+                    owners.append(owner)
 
-    def remove(self, replica: str, chunks: Chunks) -> None:
+    def remove(self, replica: str, chunks: Chunks, owner: object = None) -> None:
         holders = self._holders
         for h in chunks.hashes:
             held = holders.get(h)
             if held is None:
                 continue
-            n = held.get(replica, 0) - 1
-            if n > 0:
-                held[replica] = n
-            else:
-                held.pop(replica, None)
+            owners = held.get(replica)
+            if not owners:
+                continue
+            try:
+                owners.remove(owner)
+            except ValueError:
+                continue
+            if not owners:
+                del held[replica]
                 if not held:
                     del holders[h]
 

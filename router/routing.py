@@ -30,6 +30,13 @@ queued. Selection itself never writes routing state: a request that failed on on
 was retried on another is indexed only on the one that answered, and a failed request writes
 nothing.
 
+Hold: when the pick is a replica where an earlier streamed request of this router is still
+prefilling at least ``hold_tokens`` more of this request's prompt than the index predicts there
+(`router.prefix_index.InFlight.leader`), the returned `Routed` names it as ``leader``; the
+caller dispatches this request only once the leader's ``when_answered`` fired (its response
+started, so the prefix is cached, or its attempt ended), or after ``hold_timeout``. Routing
+itself waits for nothing.
+
 Cost (cache_aware): O(prompt) hashing, O(chunks) index lookups, O(N) scoring; no tokenizer.
 """
 
@@ -71,6 +78,10 @@ def _first_turn(body: Mapping[str, Any] | None) -> bool:
                    for m in messages)
 
 
+def _streams(body: Mapping[str, Any] | None) -> bool:
+    return isinstance(body, Mapping) and body.get("stream") is True
+
+
 def _novel_key(chunks: Chunks, known: int) -> str | None:
     """The hash of the first chunk past ``known`` tokens, as a ring key."""
     for h, t in zip(chunks.hashes, chunks.tokens, strict=True):
@@ -82,24 +93,45 @@ def _novel_key(chunks: Chunks, known: int) -> str | None:
 class Routed:
     """One request's routing decision and its outcome hooks (`router.proxy.Attempts`)."""
 
-    __slots__ = ("_in_flight", "_index", "_on_start", "_open", "cached", "chunks", "decision",
-                 "key", "prompt_tokens", "served_by", "tap")
+    __slots__ = ("_in_flight", "_index", "_on_start", "_open", "_waiters", "cached", "chunks",
+                 "decision", "key", "leader", "prompt_tokens", "served_by", "stream", "tap")
 
     def __init__(self, key: RoutingKey, decision: Decision, chunks: Chunks,
                  cached: Mapping[str, int], index: PrefixIndex | None,
                  tap: UsageTap | None, in_flight: InFlight | None = None,
-                 on_start: Callable[[float], None] | None = None) -> None:
+                 on_start: Callable[[float], None] | None = None,
+                 stream: bool = False) -> None:
         self.key = key
         self.decision = decision
         self.chunks = chunks
         self.prompt_tokens = chunks.total
         self.cached = cached
         self.tap = tap
+        self.stream = stream  # a streamed response: its first byte comes right after prefill
         self.served_by: str | None = None
+        # an earlier request of this router prefilling this one's prefix on the chosen
+        # replica: the caller holds this request until that one answers (`when_answered`)
+        self.leader: Routed | None = None
         self._index = index
         self._in_flight = in_flight
         self._on_start = on_start
         self._open: dict[str, float] = {}
+        self._waiters: list[Callable[[], None]] | None = None
+
+    @property
+    def prefilling(self) -> bool:
+        """Dispatched, and no attempt has answered or ended since."""
+        return self.served_by is None and bool(self._open)
+
+    def when_answered(self, callback: Callable[[], None]) -> bool:
+        """Call ``callback`` once, when an attempt of this request is answered or ends; False
+        (and no call) when none is prefilling now."""
+        if not self.prefilling:
+            return False
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(callback)
+        return True
 
     def prefill_on(self, replica: str) -> float:
         """Predicted prompt tokens ``replica`` would have to prefill for this request."""
@@ -111,7 +143,7 @@ class Routed:
         replica.unstarted += 1
         replica.pending_prefill += cost
         if self._in_flight is not None:
-            self._in_flight.add(replica.name, self.chunks)
+            self._in_flight.add(replica.name, self.chunks, self)
         if self._on_start is not None:
             self._on_start(cost)
 
@@ -121,7 +153,12 @@ class Routed:
             replica.unstarted -= 1
             replica.pending_prefill = max(0.0, replica.pending_prefill - cost)
             if self._in_flight is not None:
-                self._in_flight.remove(replica.name, self.chunks)
+                self._in_flight.remove(replica.name, self.chunks, self)
+        waiters = self._waiters
+        if waiters:
+            self._waiters = None
+            for callback in waiters:
+                callback()
 
     def served(self, replica: ReplicaState, status: int) -> None:
         self._release(replica)
@@ -189,10 +226,13 @@ class Router:
         assert self.index is not None
         self._sync_capacity(fleet_states)
         cached: dict[str, int] = {}
+        known: Mapping[str, int] = {}
+        in_flight = self.in_flight
         if chunks.hashes:
-            cached = dict(self.index.match(chunks))
-            if len(self.in_flight):
-                for name, n in self.in_flight.match(chunks).items():
+            known = self.index.match(chunks)
+            cached = dict(known)
+            if len(in_flight):
+                for name, n in in_flight.match(chunks).items():
                     if n > cached.get(name, 0):
                         cached[name] = n
         prompt = chunks.total
@@ -229,8 +269,17 @@ class Router:
         if decision is None:
             return None
         decision = self._lora(pool, decision, states)
-        return Routed(key, decision, chunks, cached, self.index, tap, self.in_flight,
-                      self._dispatched)
+        routed = Routed(key, decision, chunks, cached, self.index, tap, in_flight,
+                        self._dispatched, _streams(body))
+        pick = decision.replica
+        if s.hold_tokens and cached.get(pick, 0) - known.get(pick, 0) >= s.hold_tokens:
+            lead = in_flight.leader(chunks, pick)
+            if lead is not None:
+                leader, tokens = lead
+                assert isinstance(leader, Routed)
+                if leader.stream and tokens - known.get(pick, 0) >= s.hold_tokens:
+                    routed.leader = leader
+        return routed
 
     def _dispatched(self, prefill: float) -> None:
         """An attempt was dispatched with this predicted prefill (the running mean that prices

@@ -276,6 +276,8 @@ class RoutingSettings:
     chars_per_token: float = 4.0
     kv_capacity_tokens: int = 262144
     index_max_entries: int = 65536
+    hold_tokens: int = 256
+    hold_timeout: float = 2.0
 
     @classmethod
     def parse(cls, r: _Reader) -> RoutingSettings:
@@ -308,7 +310,9 @@ class RoutingSettings:
                 chunk_chars=r.integer("chunk_chars", cls.chunk_chars, 16, 1 << 20),
                 chars_per_token=r.number("chars_per_token", cls.chars_per_token, gt=0),
                 kv_capacity_tokens=r.integer("kv_capacity_tokens", cls.kv_capacity_tokens, 1),
-                index_max_entries=r.integer("index_max_entries", cls.index_max_entries, 1))
+                index_max_entries=r.integer("index_max_entries", cls.index_max_entries, 1),
+                hold_tokens=r.integer("hold_tokens", cls.hold_tokens, 0),
+                hold_timeout=r.number("hold_timeout", cls.hold_timeout, gt=0))
         if s.cache_weight + s.load_weight + s.home_weight <= 0:
             raise SettingsError(f"{r.key('cache_weight')}: expected the cache, load and home "
                                 f"weights not all 0, got {s.cache_weight!r}")

@@ -74,8 +74,10 @@ def audit(trace: Path, pythonpath: str | None) -> dict[str, Any]:
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
+    # `-m` puts the working directory first on sys.path: run from the other tree, too.
     out = subprocess.run([sys.executable, "-m", "templates_audit", str(trace), "--format", "json",
-                          "--no-progress"], capture_output=True, text=True, env=env, check=False)
+                          "--no-progress"], capture_output=True, text=True, env=env, check=False,
+                         cwd=pythonpath)
     if out.returncode not in (0, 1):
         raise SystemExit(f"prefix-audit failed on {trace}: {out.stderr[-2000:]}")
     return json.loads(out.stdout)

@@ -8,7 +8,9 @@ Algorithm (per request whose static part differs from the reference's):
 2. Runs of differing lines with at most one equal line between them form a cluster. A cluster of
    two or more lines whose lines are the same multiset on both sides is a ``reordered_block``
    (shuffled few-shot examples, tools in another order); so is a cluster together with the next
-   few when only their union is (two lines swapped across lines that stayed in place).
+   few when only their union is (two lines swapped across lines that stayed in place), and one
+   that is the same multiset once detected values are masked: then the values that differ
+   inside it (a commit id in one of the shuffled tools) are ``inner`` spans of their own.
 3. Other differing line pairs are diffed at word level; each differing run is widened to whole
    words and to any detector match (``scan``) it touches, runs separated only by punctuation or
    space are merged (not two detected values parted by punctuation: ``<uuid>, <date>``), and
@@ -22,7 +24,8 @@ Algorithm (per request whose static part differs from the reference's):
    Replace/insert/delete runs that only blank lines separate are one run (paragraphs).
 
 Invariant: ``ref[s.ref_start:s.ref_end]`` and ``req[s.start:s.end]`` are the two values of span
-``s``; spans are sorted and non-overlapping. Cost: O(lines) when line counts agree, plus
+``s``; spans are sorted and non-overlapping, except ``inner`` spans, which lie inside the
+reordered block listed before them. Cost: O(lines) when line counts agree, plus
 O(words^2) per differing line of fewer than 200 words (near-linear beyond: difflib's autojunk);
 difflib on lines only when lines were inserted/removed.
 """
@@ -40,7 +43,7 @@ from templates_audit.detectors import Kind, Match, classify, scan
 from templates_audit.detectors.shapes import id_shaped, name_shaped
 
 __all__ = ["Span", "changed_lines", "changed_range", "common_prefix", "common_suffix",
-           "diff_spans", "line_matches", "line_spans"]
+           "diff_spans", "line_matches", "line_spans", "mask_line"]
 
 _WORDS = re.compile(r"\w+|[^\w\s]")  # words and punctuation; spaces stay between them
 _JOINERS = frozenset("-_:.@+#'")  # characters that glue one value together ("2024-05-20", "a.b@c")
@@ -61,6 +64,7 @@ class Span(NamedTuple):
     end: int
     kind: str
     multi_line: bool = False  # a block of text, not a value: lines inserted/removed/rewritten
+    inner: bool = False  # a value inside a reordered block: its own slot, never merged with it
 
 
 def _line_starts(lines: list[str]) -> list[int]:
@@ -76,7 +80,7 @@ def diff_spans(ref: str, req: str, lines: tuple[int, int] | None = None) -> list
     lo, hi = lines if lines is not None else changed_range(ref, req)
     tail = len(ref) - hi
     return [Span(sp.ref_start + lo, sp.ref_end + lo, sp.start + lo, sp.end + lo, sp.kind,
-                 sp.multi_line)
+                 sp.multi_line, sp.inner)
             for sp in _diff_lines(ref[lo:hi], req[lo:len(req) - tail])]
 
 
@@ -164,24 +168,51 @@ MAX_REORDER_CLUSTERS = 8  # how far a swap of distant lines is looked for
 
 
 def _permuted_through(a: list[str], b: list[str], i: int, j: int, clusters: list[list[int]],
-                      c: int) -> int | None:
+                      c: int, masked: bool = False) -> int | None:
     """The first cluster ``d`` (``c`` itself, or one of the next :data:`MAX_REORDER_CLUSTERS`)
     such that lines ``clusters[c][0]..clusters[d][-1]`` are the same multiset on both sides, or
-    None: shuffled lines, including two swapped across lines that stayed in place."""
+    None: shuffled lines, including two swapped across lines that stayed in place. ``masked``:
+    lines compared with their detected values masked (:func:`mask_line`), and at least one
+    must have moved (values that changed in place are no reordering)."""
     delta: dict[str, int] = {}
     unbalanced = 0  # lines whose count differs between the two sides
+    moved = not masked
     for d in range(c, min(len(clusters), c + MAX_REORDER_CLUSTERS)):
         start = clusters[c][0] if d == c else clusters[d - 1][-1] + 1
         for k in range(start, clusters[d][-1] + 1):
             x, y = a[i + k], b[j + k]
+            if masked:
+                x, y = mask_line(x), mask_line(y)
+                moved |= x != y
             if x != y:
                 for line, step in ((x, 1), (y, -1)):
                     was = delta.get(line, 0)
                     delta[line] = was + step
                     unbalanced += (was == 0) - (was + step == 0)
-        if not unbalanced:
+        if not unbalanced and moved:
             return d
     return None
+
+
+def _inner_values(a: list[str], b: list[str], a0: list[int], b0: list[int], i: int, j: int,
+                  lo: int, hi: int, out: list[Span]) -> None:
+    """The values that differ inside a block reordered with its values masked: each request
+    line is paired with the first unpaired reference line of the block masked alike, and their
+    word diff gives ``inner`` spans (a commit id in one of shuffled tool descriptions)."""
+    free: dict[str, list[int]] = {}
+    for k in range(lo, hi):
+        free.setdefault(mask_line(a[i + k]), []).append(k)
+    for k in range(lo, hi):
+        line = b[j + k]
+        same = free.get(mask_line(line))
+        if not same:
+            continue
+        r = same.pop(0)
+        if a[i + r] != line:
+            ra, qb = a0[i + r], b0[j + k]
+            out.extend(Span(ra + sp.ref_start, ra + sp.ref_end, qb + sp.start, qb + sp.end,
+                            sp.kind, False, True)
+                       for sp in line_spans(a[i + r], line) if not sp.multi_line)
 
 
 def _aligned(ref: str, req: str, a: list[str], b: list[str], a0: list[int], b0: list[int],
@@ -197,13 +228,19 @@ def _aligned(ref: str, req: str, a: list[str], b: list[str], a0: list[int], b0: 
     while c < len(clusters):
         cl = clusters[c]
         # (one changed line with no other cluster after it is never a reordering: the usual case)
-        last = (_permuted_through(a, b, i, j, clusters, c)
-                if len(cl) >= 2 or c + 1 < len(clusters) else None)
+        several = len(cl) >= 2 or c + 1 < len(clusters)
+        last = _permuted_through(a, b, i, j, clusters, c) if several else None
+        masked = False
+        if last is None and several:
+            last = _permuted_through(a, b, i, j, clusters, c, masked=True)
+            masked = last is not None
         if last is not None:
             lo, hi = cl[0], clusters[last][-1] + 1
             out.append(Span(a0[i + lo], a0[i + hi - 1] + len(a[i + hi - 1]),
                             b0[j + lo], b0[j + hi - 1] + len(b[j + hi - 1]),
                             Kind.REORDERED_BLOCK.value, multi_line=True))
+            if masked:
+                _inner_values(a, b, a0, b0, i, j, lo, hi, out)
             c = last + 1
             continue
         c += 1
@@ -226,6 +263,22 @@ def _aligned(ref: str, req: str, a: list[str], b: list[str], a0: list[int], b0: 
 def line_matches(line: str) -> tuple[Match, ...]:
     """``scan(line)``, cached: a line is scanned once whether it is masked, widened or classified."""
     return tuple(scan(line))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def mask_line(line: str) -> str:
+    """``line`` with every detector match replaced by ``\\x00kind\\x00``."""
+    matches = line_matches(line)
+    if not matches:
+        return line
+    parts = []
+    pos = 0
+    for m in matches:
+        parts.append(line[pos:m.start])
+        parts.append(f"\x00{m.kind.value}\x00")
+        pos = m.end
+    parts.append(line[pos:])
+    return "".join(parts)
 
 
 def _widen(text: str, s: int, e: int) -> tuple[int, int]:

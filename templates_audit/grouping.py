@@ -46,7 +46,6 @@ cache; similar O(lines * posting) or O(recent short templates * len).
 from __future__ import annotations
 
 import difflib
-import functools
 import re
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -55,7 +54,7 @@ import xxhash
 
 from templates_audit.detectors import Kind, classify
 from templates_audit.detectors.shapes import name_shaped
-from templates_audit.findings import changed_range, common_prefix, common_suffix, line_matches
+from templates_audit.findings import changed_range, common_prefix, common_suffix, mask_line
 
 __all__ = ["GUESS_CHARS", "HEAD_LINES", "LINE_SIMILARITY", "TAIL_CHARS", "TemplateIndex", "mask_line",
            "skeleton_match"]
@@ -81,22 +80,6 @@ PROSE_SLOT_WORDS = 2  # a slot that is no value ("invoices") has at most this ma
 PROSE_SHARE = 0.02  # ... and such slots at most this share of the larger text
 MAX_ALIGN_WORDS = 4000
 _TOKEN = re.compile(r"\S+")
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def mask_line(line: str) -> str:
-    """``line`` with every detector match replaced by ``\\x00kind\\x00``."""
-    matches = line_matches(line)
-    if not matches:
-        return line
-    parts = []
-    pos = 0
-    for m in matches:
-        parts.append(line[pos:m.start])
-        parts.append(f"\x00{m.kind.value}\x00")
-        pos = m.end
-    parts.append(line[pos:])
-    return "".join(parts)
 
 
 def _h(text: str) -> int:

@@ -8,12 +8,12 @@ another request's, so the test is exact: a request whose history is the same mul
 (role, content) messages as its template's reference history, in another order, reorders it.
 
 Few-shot turns can also be *drawn* from a pool: k of n example pairs per request, in random
-order. Their histories are no permutation of one another, but they reuse the same
-(message, next message) pairs at different positions, which a conversation never does: a
-follow-up resends its history with every pair where it was, and two conversations share no
-pairs (a pair is messages 2i and 2i+1: a question and its answer). So a template whose histories put a pair seen before at another position
-(:data:`MIN_DISPLACED` times), with at most :data:`POOL_MAX` distinct pairs, samples its
-examples from a pool: ``sampled_block``, fixed by one set in one order (the reference's).
+order. Their histories are no permutation of one another, but they reuse the same pairs (a
+pair is messages 2i and 2i+1: a question and its answer) at different positions, which a
+conversation never does: a follow-up resends its history with every pair where it was, and two
+conversations share no pairs. So a template whose histories put a pair seen before at another
+position (:data:`MIN_DISPLACED` times), with at most :data:`POOL_MAX` distinct pairs, samples
+its examples from a pool: ``sampled_block``, fixed by one set in one order (the reference's).
 
 Per template, :class:`HistoryState` keeps the first history of :data:`MIN_TURNS` or more
 messages it saw (the *history reference*: where it starts and ends in that request's prompt,

@@ -11,7 +11,6 @@ requests (issue 19):
   order (each value's requests in one run: ``switches`` < distinct values): a prompt tag or a
   build number that changed with a deploy (``[notes-prompt v3.4.1]`` then ``v3.4.2``,
   ``assistant-prompt@4.11.0-rc.1``, ``model-2025-04``), where a variant's values interleave;
-* **variant** — see above;
 * **name** — an ``other`` slot whose distinct values are mostly shaped like names
   (:func:`.detectors.shapes.name_shaped`, in any script, on the part of each value that differs
   from the reference's: ``お客様は田中 健様です`` counts ``田中 健``; :data:`NAME_SHARE`) and more than
@@ -30,6 +29,7 @@ from __future__ import annotations
 import re
 
 from templates_audit.detectors import Kind
+from templates_audit.findings import common_prefix, common_suffix
 
 __all__ = ["POOL_MAX", "slot_kind", "value_core", "value_lines"]
 
@@ -53,14 +53,10 @@ def _cased_inside(text: str, i: int) -> bool:
 def value_core(value: str, ref: str) -> str:
     """``value`` without the characters it shares with ``ref`` at both ends, cut at word
     boundaries (in a caseless script any character boundary is one): the part of a slot value
-    that varies when the diff widened it to a whole run of CJK text."""
-    n = min(len(value), len(ref))
-    p = 0
-    while p < n and value[p] == ref[p]:
-        p += 1
-    s = 0
-    while s < n - p and value[len(value) - 1 - s] == ref[len(ref) - 1 - s]:
-        s += 1
+    that varies when the diff widened it to a whole run of CJK text. Cost: two C-speed
+    common-affix searches."""
+    p = common_prefix(value, ref)
+    s = common_suffix(value, ref, min(len(value), len(ref)) - p)
     while p > 0 and _cased_inside(value, p):
         p -= 1
     while s > 0 and _cased_inside(value, len(value) - s):

@@ -12,6 +12,7 @@ Cost: O(spans of the template) per observed span — a handful.
 from __future__ import annotations
 
 import bisect
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ __all__ = ["MAX_DISTINCT", "MAX_EXAMPLES", "MAX_SPANS", "SpanStats", "StaticPart
 MAX_SPANS = 64
 MAX_DISTINCT = 4096
 MAX_EXAMPLES = 5
+MAX_NAME_CHARS = 128  # longer values (a block) are never judged as a name
+_DIGIT = re.compile(r"\d")
 
 
 @dataclass
@@ -45,6 +48,7 @@ class SpanStats:
     differed: int = 0
     multi_line: bool = False
     injected: bool = False  # found by the strftime_now probe: the template writes it
+    inner: bool = False  # a value inside a reordered block (findings.Span.inner)
     # What slots.slot_kind judges the slot by: distinct values shaped like a person's name, and
     # the pool of lines of its block values (at most POOL_MAX + 1 line hashes kept).
     name_like: int = 0
@@ -100,9 +104,10 @@ class SpanStats:
             self.examples.append(value)
         if self.first is None:
             self.first = value
-        if name_shaped(value_core(value, self.first) if value != self.first else value):
+        if len(value) <= MAX_NAME_CHARS and name_shaped(
+                value_core(value, self.first) if value != self.first else value):
             self.name_like += 1
-        if any(c.isdigit() for c in value):
+        if _DIGIT.search(value):
             self.digit_values += 1
         block = value if block is None else block
         if "\n" in block or " … " in block:
@@ -228,13 +233,15 @@ class TemplateState:
 
     def merged_spans(self) -> list[SpanStats]:
         """The spans in reference order, those that meet after growing apart merged (a span
-        first seen on two lines, later on the line between them too, is one span)."""
+        first seen on two lines, later on the line between them too, is one span); a value
+        inside a reordered block (``inner``) only merges with such values."""
         out: list[SpanStats] = []
         for st in sorted(self.spans, key=lambda st: (st.ref_start, st.ref_end)):
-            if out and _meets(out[-1].ref_start, out[-1].ref_end, st.ref_start, st.ref_end):
-                out[-1].absorb(st)
+            last = next((o for o in reversed(out) if o.inner == st.inner), None)
+            if last is not None and _meets(last.ref_start, last.ref_end, st.ref_start, st.ref_end):
+                last.absorb(st)
                 # every request but the reference can differ; one seen in both counted twice
-                out[-1].differed = min(out[-1].differed, max(self.requests - 1, 1))
+                last.differed = min(last.differed, max(self.requests - 1, 1))
             else:
                 out.append(st)
         self.spans = out
@@ -242,7 +249,7 @@ class TemplateState:
 
     def stats_for(self, sp: Span) -> SpanStats | None:
         for st in self.spans:
-            if _meets(st.ref_start, st.ref_end, sp.ref_start, sp.ref_end):
+            if st.inner == sp.inner and _meets(st.ref_start, st.ref_end, sp.ref_start, sp.ref_end):
                 if sp.ref_start < st.ref_start or sp.ref_end > st.ref_end:
                     st.ref_start = min(st.ref_start, sp.ref_start)
                     st.ref_end = max(st.ref_end, sp.ref_end)
@@ -251,7 +258,7 @@ class TemplateState:
             self.overflow += 1
             return None
         value = self.static_text[sp.ref_start:sp.ref_end]
-        st = SpanStats(sp.ref_start, sp.ref_end, self.role_at(sp.ref_start, value))
+        st = SpanStats(sp.ref_start, sp.ref_end, self.role_at(sp.ref_start, value), inner=sp.inner)
         # the reference's own value is one of the distinct values
         st.add_value(value, block=_whole_lines(self.static_text, sp.ref_start, sp.ref_end)
                      if sp.multi_line else None)

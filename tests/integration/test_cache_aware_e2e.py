@@ -134,3 +134,29 @@ def test_a_retried_request_is_indexed_on_the_replica_that_answered(sim_fleet: Fl
     assert m[("prefix_router_retries_total", "connect")] == 1.0
     chunks = request_chunks("/v1/chat/completions", body)
     assert app.router.index.match(chunks) == {"r1": chunks.total}
+
+
+def test_a_burst_waits_for_the_first_prefill_instead_of_repeating_it(router_server: Any) -> None:
+    # slow replicas (speed 1: a 4k-token prefill takes two 2k-token steps, ~400 ms) and 6
+    # concurrent streams of one new prompt: the router holds the ones that reach the first
+    # one's replica until its first token, so they find the whole prefix cached instead of
+    # computing it again alongside it (without the hold they find only the first step's 2048)
+    with Fleet(replicas=2, speed=1.0, kv_blocks=2000) as slow:
+        srv, _ = router_server(router_settings(slow.urls, routing={"policy": "cache_aware"}))
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        new = "You are the assistant of a brand new product launch. " * 300
+
+        def one(i: int) -> tuple[str, int, str]:
+            msgs = [{"role": "system", "content": new}, {"role": "user", "content": f"q {i}"}]
+            return _ask(c, msgs, stream=True)
+
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(one, range(6)))
+        with urllib.request.urlopen(srv.url + "/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    held = {s.labels["outcome"]: s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name == "prefix_router_hold_seconds_count"}
+    assert held.get("answered", 0) >= 1 and held.get("timeout", 0) == 0, held
+    prefix = max(cached for _, cached, _ in answers)
+    assert prefix > 3000, answers
+    assert sum(1 for _, cached, _ in answers if cached == prefix) >= held["answered"], answers

@@ -49,6 +49,19 @@ def test_bench_vllm_reads_the_cache_size_a_replica_reports(threaded_server: Any)
     assert cache_config(srv.url) == (32, 300)
 
 
+def test_bench_vllm_cache_config_is_the_block_size_label_not_hash_block_size(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from loadtest import bench_vllm
+
+    text = ('vllm:cache_config_info{hash_block_size="16",block_size="32",'
+            'enable_prefix_caching="True",num_gpu_blocks="256"} 1.0\n')
+    monkeypatch.setattr(bench_vllm.urllib.request, "urlopen",
+                        lambda *_a, **_k: io.BytesIO(text.encode()))
+    assert bench_vllm.cache_config("http://x") == (32, 256)
+
+
 def test_bench_vllm_page_shows_the_ceiling_and_the_default_policy_against_both() -> None:
     from loadtest.bench_vllm import render
 

@@ -41,10 +41,12 @@ def test_long_system_prompts_by_default() -> None:
 def test_markdown() -> None:
     s = {"hit_rate": 0.9, "ttft": {"p50": 0.04, "p99": 0.5}, "load_max_over_mean": 1.2,
          "error_count": 0, "per_replica": {"a": {"prompt_tokens": 300}, "b": {"prompt_tokens": 100}}}
-    md = markdown({"seed": 5, "requests": 600, "runs": [
+    md = markdown({"seed": 5, "requests": 600, "machine": {"commit": "abc1234", "nproc": 2,
+                                                          "date": "2026-12-01"}, "runs": [
         {"replicas": 4, "concurrency": 16, "setups": {"router-prefix": s},
          "ceiling": {"hit_rate": 0.95}}]})
-    assert "--seed 5" in md
+    assert md.startswith("# Held-out check\n")
+    assert "--seed 5`); commit abc1234, 2026-12-01, 2 CPUs." in md
     assert "| 4 replicas, c=16 | router-prefix | 90.0% | 40 | 500 | 1.50 | 1.20 | 0 |" in md
     assert "|  | *one-cache ceiling* | 95.0% |" in md
 

@@ -143,10 +143,12 @@ def test_overhead_tables() -> None:
     assert "| router-prefix | stream | 16 | 100 | 4.00 | 10.00 | 0.300 | 1200 | 18.8 | 0 |" in md
     t = overhead_targets_markdown({"cpu_per_request_vs_sglang": 2.5, "cpu_per_chunk_vs_sglang": 1.0,
                                    "added_p50_c1_plain": 0.0004,
+                                   "cpu_per_request_vs_passthrough": 1.4,
                                    "replica_capacity_vs_router_plain": 3.6,
                                    "replica_capacity_vs_router_stream": 2.4})
     assert "| 2.50 | **missed** |" in t and "| 1.00 | met |" in t and "| 0.400 | met |" in t
     assert "| ≥ 3 | 3.60 | met |" in t and "| ≥ 3 | 2.40 | **missed** |" in t
+    assert "passthrough's, non-streamed (issue #18) | ≤ 1.3 | 1.40 | **missed** |" in t
 
 
 def test_benchmarks_markdown(tmp_path: Path) -> None:

@@ -175,3 +175,19 @@ def test_a_request_longer_than_a_replica_is_rejected_not_fatal() -> None:
     res = simulate(reqs, SimConfig(replicas=2, kv_blocks=100))  # 1,600 tokens per replica
     assert res.rejected == 1 and res.requests == 6 and res.ttft["count"] == 6
     assert res.ceiling["requests"] == 6  # a replica refuses it, so the ceiling leaves it out
+
+
+def test_a_burst_of_a_new_prefix_is_held_behind_its_first_prefill() -> None:
+    """Streamed requests of one new 5k-token prompt arriving together: held behind the one
+    prefilling it (as the app holds them), they prefill it once instead of side by side."""
+    prompt = [7_000_000 + i for i in range(5000)]
+    body = {"model": "m", "stream": True, "messages": [
+        {"role": "system", "content": "a new prompt " * 400}, {"role": "user", "content": "q"}]}
+    reqs = [SimRequest(at=i * 0.01, path="/v1/chat/completions", key_body=body,
+                       prompt_ids=prompt + [i], max_tokens=4) for i in range(4)]
+    cfg = dict(replicas=1, kv_blocks=2000, policy="cache_aware")
+    held = simulate(reqs, SimConfig(**cfg))
+    free = simulate(reqs, SimConfig(**cfg, routing={"hold_tokens": 0}))
+    assert (held.holds, free.holds) == (3, 0)
+    assert held.hit_rate == pytest.approx(held.ceiling["hit_rate"])  # every follower hit it all
+    assert free.hit_rate < held.hit_rate - 0.05  # side by side they computed most of it again

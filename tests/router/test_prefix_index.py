@@ -52,3 +52,15 @@ def test_in_flight_is_reference_counted() -> None:
     assert f.match(chain(1, 2)) == {"a": 100}
     f.remove("a", chain(1, 3))
     assert len(f) == 0
+
+
+def test_in_flight_leader_is_the_earliest_owner_of_the_longest_prefix() -> None:
+    f = InFlight()
+    f.add("a", chain(1, 2), owner="first")
+    f.add("a", chain(1, 2, 3), owner="second")
+    f.add("b", chain(1, 2, 3), owner="elsewhere")
+    assert f.leader(chain(1, 2, 3, 4), "a") == ("second", 300)  # only it holds chunk 3 on a
+    assert f.leader(chain(1, 2, 9), "a") == ("first", 200)
+    assert f.leader(chain(5), "a") is None and f.leader(chain(1), "c") is None
+    f.remove("a", chain(1, 2), owner="first")
+    assert f.leader(chain(1, 2, 9), "a") == ("second", 200)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from router.discovery.base import Endpoint
 from router.policy import Branch
 from router.replicas import ReplicaSet, ReplicaState
@@ -132,3 +134,61 @@ def test_first_turns_weigh_the_cached_preamble_less_than_later_turns() -> None:
     assert first is not None and later is not None
     assert first.decision.replica != holder.name  # the preamble is copied once, elsewhere
     assert (later.decision.replica, later.decision.branch) == (holder.name, Branch.CACHE_HIT)
+
+
+def started(r: Router, routed: Routed) -> ReplicaState:
+    state = r.replicas.get(routed.decision.replica)
+    assert state is not None
+    state.in_flight += 1
+    routed.started(state)
+    return state
+
+
+def streamed(*turns: str) -> dict[str, Any]:
+    return {**body(*turns), "stream": True}
+
+
+def test_a_burst_is_held_behind_the_request_prefilling_its_prefix() -> None:
+    r = router()
+    first = r.route(CHAT, {}, streamed("q1"), 1)
+    assert first is not None and first.leader is None  # nothing in flight yet
+    state = started(r, first)
+    second = r.route(CHAT, {}, streamed("q2"), 2)
+    assert second is not None and second.decision.replica == state.name
+    assert second.leader is first and first.prefilling
+    woken: list[str] = []
+    assert first.when_answered(lambda: woken.append("answered"))
+    first.served(state, 200)  # its first token: the prefix is cached now
+    assert woken == ["answered"] and not first.prefilling
+    assert not first.when_answered(lambda: woken.append("late"))  # nothing left to wait for
+    third = r.route(CHAT, {}, streamed("q3"), 3)
+    assert third is not None and third.leader is None  # the index predicts the prefix now
+    assert woken == ["answered"]
+
+
+@pytest.mark.parametrize(("routing", "leader_body", "why"), [
+    ({"hold_tokens": 0}, streamed("q1"), "holding is off"),
+    ({}, body("q1"), "a non-streamed leader's first byte is its whole answer"),
+    ({"hold_tokens": 100_000}, streamed("q1"), "the shared prefix is shorter than hold_tokens"),
+])
+def test_no_hold(routing: dict[str, Any], leader_body: dict[str, Any], why: str) -> None:
+    r = router(**routing)
+    first = r.route(CHAT, {}, leader_body, 1)
+    assert first is not None
+    started(r, first)
+    second = r.route(CHAT, {}, streamed("q2"), 2)
+    assert second is not None and second.leader is None, why
+
+
+def test_a_leader_that_fails_wakes_its_followers_and_leaves_nothing() -> None:
+    r = router()
+    first = r.route(CHAT, {}, streamed("q1"), 1)
+    assert first is not None
+    state = started(r, first)
+    second = r.route(CHAT, {}, streamed("q2"), 2)
+    assert second is not None and second.leader is first
+    woken: list[int] = []
+    first.when_answered(lambda: woken.append(1))
+    first.ended(state)  # connect refused: no response
+    assert woken == [1] and len(r.in_flight) == 0
+    assert r.index is not None and r.index.match(first.chunks) == {}

@@ -177,3 +177,21 @@ def test_two_values_parted_by_punctuation_are_two_findings() -> None:
     assert kinds(report) == ["date", "uuid"]
     (date,) = [f for f in report.findings if f.kind == "date"]
     assert set(date.examples) == {"2025-03-03", "2025-03-04", "2025-03-05"}
+
+
+def test_shuffled_tools_one_of_which_holds_a_per_request_id_are_two_findings() -> None:
+    # The commit id in one tool's description made the shuffled lines no permutation: the
+    # block was one `hex_id`. Masked, they are one: a reordered block and the id inside it.
+    rng = random.Random(8)
+    names = ["read_file", "write_file", "run_tests", "grep", "list_dir", "git_diff"]
+    recs = []
+    for i in range(60):
+        sha = "".join(rng.choice("0123456789abcdef") for _ in range(40))
+        tools = [{"type": "function", "function": {
+            "name": n, "description": f"Run {n} in the repository (at commit {sha})." if n == "grep" else f"Run {n}.",
+            "parameters": {"type": "object", "properties": {}}}} for n in rng.sample(names, len(names))]
+        rec = chat(f"You are a senior engineer.\n{RULES}", i)
+        recs.append(Record("t", i + 1, messages=rec.messages, tools=tools))
+    report = analyze(recs)
+    assert kinds(report) == ["hex_id", "reordered_block"]
+    assert {f.role.value for f in report.findings} == {"tools"}
