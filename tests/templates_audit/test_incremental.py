@@ -161,8 +161,10 @@ def test_prefix_index_evicts_oldest_and_its_digests() -> None:
     assert index.exact(whole, text) is None
     last, data, whole, text = entries[-1]
     assert index.exact(whole, text) is last
-    found = index.base(data)  # the oldest live entry owns the shared prefix digests
-    assert found is not None and found[0] is entries[3][0] and found[1] == 256
+    found = index.base(data)  # the newest entry owns the shared prefix digests
+    assert found is not None and found[0] is last and found[1] == 256
+    live = {id(entries[3][0]), id(last)}
+    assert {id(v) for v in index._prefix.values()} <= live  # no digest of an evicted entry
 
 
 def test_a_wrong_splice_is_caught_and_turns_splicing_off(monkeypatch: pytest.MonkeyPatch) -> None:
