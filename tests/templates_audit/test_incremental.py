@@ -51,6 +51,19 @@ PROMPTS = [
     # Mistral markers, non-ASCII prose, CRLF, a request id
     "<s>[INST] Réponds en français, naïvement.\r\nRequest-ID: 7f3a9c2e-1b4d\r\n"
     "東京の天気は？ 🎉 café résumé\n\n[/INST] D'accord.</s>[INST] merci [/INST]",
+    # a product assistant's system prompt: markdown sections, bullets, a timestamp, a tool
+    # schema, a few-shot turn and a user turn with numbers
+    "<|im_start|>system\n# Role\nYou are Nova, the shopping assistant of ACME Outdoor "
+    "(ACME Corp., est. 1998).\nCurrent time: 2025-05-20T14:03:27Z (UTC).\n\n## Rules\n"
+    "- Answer in the customer's language; keep it under 120 words.\n"
+    "- Never promise delivery dates; say \"usually 3-5 business days\".\n"
+    "- Prices: two decimals and the currency, e.g. $1,249.00 or 39,90 €.\n\n## Tools\n"
+    '{"name": "lookup_order", "description": "Find an order by id", "parameters": '
+    '{"type": "object", "properties": {"order_id": {"type": "string"}}, '
+    '"required": ["order_id"]}}\n<|im_end|>\n<|im_start|>user\nWhere is order #A-77812?'
+    "<|im_end|>\n<|im_start|>assistant\nLet me check order #A-77812 for you.<|im_end|>\n"
+    "<|im_start|>user\nAnd the 2 tents I returned on 12/05?<|im_end|>\n"
+    "<|im_start|>assistant\n",
 ]
 PIECES = ["", " ", "  ", "   ", "\n", "\n\n", "\r\n", "\r", "\t", "x", "The", " hello", "aBc",
           "12", "1234567", " 2025", "'s", "'RE", "é", "e\u0301", "\u0301", "東京", "🎉", "▁",
