@@ -12,7 +12,10 @@ the index chains the project's own hash over them (`templates_audit.blocks.block
 chain `templates_audit.prompt_keys.PromptKeys` computes for a request) from the router key of
 ``parent_block_hash``; the first block of a prompt is seeded with the LoRA adapter's name, as
 vLLM folds the adapter into its block hashes. Each replica keeps ``engine hash -> router key``
-so that ``BlockRemoved`` (engine hashes only) finds the key to drop. A stored block whose parent
+so that ``BlockRemoved`` (engine hashes only) finds the key to drop. vLLM's pool can hold two
+blocks with one hash (two requests prefilling one prompt in one step), each announced and each
+removed on its own: announcements are counted per hash, which stays cached until its last copy
+is removed. A stored block whose parent
 this router never saw (events before its subscription, beyond the replay buffer) is kept as
 ``engine hash -> None``: counted, removable, never matched. Only blocks in the GPU medium (or
 with no medium) are indexed: a CPU-offloaded copy is not a prefix-cache hit.
@@ -67,10 +70,11 @@ def lora_salt(lora_name: str | None, lora_id: int | None = None) -> str | None:
 
 
 class _Replica:
-    __slots__ = ("block_size", "engine", "keys", "live")
+    __slots__ = ("block_size", "copies", "engine", "keys", "live")
 
     def __init__(self) -> None:
         self.engine: dict[Hashable, int | None] = {}  # engine hash -> router key
+        self.copies: dict[Hashable, int] = {}  # engine hash -> copies, where more than one
         self.keys: dict[int, int] = {}  # router key -> engine hashes mapping to it
         self.live = False
         self.block_size = 0  # learned from BlockStored (0: none seen yet)
@@ -151,6 +155,7 @@ class PreciseIndex:
                 if not held:
                     del holders[key]
         r.engine.clear()
+        r.copies.clear()
         r.keys.clear()
         for key in [k for k, d in self._spec.items() if replica in d]:
             d = self._spec[key]
@@ -174,8 +179,15 @@ class PreciseIndex:
                 self._stored(replica, r, event)
         elif isinstance(event, BlockRemoved):
             if event.medium in _GPU:
+                copies = r.copies
                 for h in event.block_hashes:
-                    if h in r.engine:
+                    if h in copies:  # one of several copies left: the hash is still cached
+                        n = copies[h] - 1
+                        if n > 1:
+                            copies[h] = n
+                        else:
+                            del copies[h]
+                    elif h in r.engine:
                         self._unlink(replica, r, r.engine.pop(h))
         elif isinstance(event, AllBlocksCleared):
             self.drop(replica)
@@ -202,8 +214,10 @@ class PreciseIndex:
         for h, key in zip(e.block_hashes, keys, strict=True):
             if h in engine:
                 old = engine[h]
-                if old == key:
+                if old == key:  # another copy of a cached block (vLLM can keep two)
+                    r.copies[h] = r.copies.get(h, 1) + 1
                     continue
+                r.copies.pop(h, None)
                 self._unlink(replica, r, old)
             engine[h] = key
             if key is not None:

@@ -132,3 +132,13 @@ def test_kv_index_answers_from_the_approximate_index_where_not_precise() -> None
     assert both.match(chunks) == {"a": 200, "b": 200}
     both.forget("a")
     assert both.match(with_exact) == {"b": 200}
+
+
+def test_a_hash_with_two_copies_stays_until_both_are_removed() -> None:
+    index = live(PreciseIndex(0), "a")
+    index.apply("a", stored([1], None, PROMPT[:4]))
+    index.apply("a", stored([1], None, PROMPT[:4]))  # a second copy (vLLM can keep two)
+    index.apply("a", BlockRemoved(block_hashes=[1]))
+    assert index.match(exact(PROMPT)) == {"a": 4}
+    index.apply("a", BlockRemoved(block_hashes=[1]))
+    assert index.match(exact(PROMPT)) == {} and index.blocks("a") == 0
