@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import random
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -88,7 +88,8 @@ def traffic(rng: random.Random, n: int) -> Iterator[tuple[str, dict[str, Any], i
             yield "/v1/chat/completions", {"max_tokens": 12}, rng.randrange(40)
 
 
-def run_traffic(url: str, model: str, n: int, seed: int = 7) -> None:
+def run_traffic(url: str, model: str, n: int, seed: int = 7,
+                after: Callable[[str], None] | None = None) -> None:
     rng = random.Random(seed)
     systems = [text(rng, 150) for _ in range(6)]
     conversations: dict[int, list[dict[str, str]]] = {}
@@ -104,19 +105,42 @@ def run_traffic(url: str, model: str, n: int, seed: int = 7) -> None:
                 body["messages"] = list(history)
             r = client.post(path, json=body)
             assert r.status_code == 200, r.text
+            if after is not None:
+                after(r.headers["x-prefix-router-replica"])
             if conv >= 0:
                 history.append({"role": "assistant",
                                 "content": r.json()["choices"][0]["message"]["content"]})
 
 
-def test_index_equals_engine_and_prediction_equals_reported(fleet: Fleet) -> None:
+def caught_up(app: RouterApp, fleet: Fleet) -> Callable[[str], None]:
+    """After a response: wait until the router applied every batch its replica published."""
+    index = {n: i for i, n in enumerate(fleet.names)}
+
+    def wait(name: str) -> None:
+        feed = app.kv.subscribers.feeds[name]  # type: ignore[union-attr]
+
+        def done() -> bool:
+            kv = fleet.stats(index[name])["kv_events"]
+            return kv["queued"] == 0 and feed.last == kv["last_seq"]
+
+        wait_for(done, f"{name}'s events applied")
+
+    return wait
+
+
+@pytest.mark.parametrize("synced", [False, True])
+def test_index_equals_engine_and_prediction_equals_reported(fleet: Fleet, synced: bool) -> None:
+    """``synced``: each request is sent once the router applied the events of the previous
+    response (the index is then exactly the engine's at routing time: every prediction is
+    exact); otherwise back to back, as clients do."""
     app = create_app(settings_for(fleet))
     recorded = Recorded(app)
     srv = ThreadedServer(app).start()
     try:
         wait_for(lambda: all(app.kv.precise.live(n) for n in fleet.names),  # type: ignore[union-attr]
                  "every replica's stream live")
-        run_traffic(srv.url, fleet.models[0][0], 2000)
+        run_traffic(srv.url, fleet.models[0][0], 2000, seed=7 + synced,
+                    after=caught_up(app, fleet) if synced else None)
         precise = app.kv.precise  # type: ignore[union-attr]
         for i, name in enumerate(fleet.names):
             wait_for(lambda i=i, name=name: precise.engine_hashes(name) == kv_blocks(fleet, i),
@@ -130,13 +154,18 @@ def test_index_equals_engine_and_prediction_equals_reported(fleet: Fleet) -> Non
         rows = [r for r in recorded.rows if r[2] is not None]
         assert len(rows) == 2000
         exact = sum(1 for _, predicted, reported, _ in rows if predicted == reported)
-        assert exact >= 0.99 * len(rows), f"{exact} of {len(rows)} predictions exact"
-        # A response can reach the router before the events of the step that produced it (the
-        # replica's publisher thread sends them, as vLLM's does): a request routed in between
-        # sees the index one step behind. Those are the only misses; they stay rare.
         close = sum(1 for _, predicted, reported, _ in rows if abs(predicted - reported) <= BS)
-        assert close >= 0.995 * len(rows), f"{close} of {len(rows)} within one block"
         assert sum(reported for _, _, reported, _ in rows) > 0
+        if synced:
+            assert exact >= 0.99 * len(rows), f"{exact} of {len(rows)} predictions exact"
+            assert close == len(rows), f"{close} of {len(rows)} within one block"
+        else:
+            # A response can reach the router before the events of the step that produced it
+            # (the replica's publisher thread sends them, as vLLM's does): a request routed in
+            # between sees the index one step behind. On an idle machine 99.4 % are exact; the
+            # window widens when the machine is loaded, hence the looser bound here.
+            assert exact >= 0.97 * len(rows), f"{exact} of {len(rows)} predictions exact"
+            assert close >= 0.98 * len(rows), f"{close} of {len(rows)} within one block"
     finally:
         srv.stop()
 
