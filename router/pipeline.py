@@ -69,6 +69,7 @@ __all__ = [
     "home_score",
     "load_score",
     "queued_work",
+    "recent_load",
 ]
 
 
@@ -77,6 +78,7 @@ class RequestView(NamedTuple):  # NamedTuples: built per request, cheaper than f
     prompt_tokens: int  # estimated tokens of the whole prompt
     placed: bool = True  # the candidates carry a ring rank (a routing key exists)
     cache_factor: float = 1.0  # scales the cache score (a conversation's first turn: < 1)
+    first_turn: bool = False  # a chat request without assistant or tool turns
 
 
 class Candidate(NamedTuple):
@@ -84,6 +86,7 @@ class Candidate(NamedTuple):
     cached: int  # tokens of this request the index predicts the replica holds
     queued: float  # work already queued on the replica, in prefill tokens (`queued_work`)
     rank: int  # position on the key's ring walk (0 = home); the fleet size when keyless
+    recent: float = 0.0  # requests recently sent to the replica (`routing.RecentLoad`)
 
     @property
     def name(self) -> str:
@@ -123,6 +126,31 @@ def bounded_load(bound: LoadBound) -> Filter:
         kept = [c for c, load in zip(candidates, loads, strict=True)
                 if load < cap(c.state, total, weight)]
         return kept if len(kept) < len(candidates) else candidates
+
+    return keep
+
+
+def recent_load(factor: float, first_turns: bool = False) -> Filter:
+    """The candidates whose share of recent requests stays within ``factor`` x their fair share
+    (by weight) once this request is added; none -> all (the filter never empties the set).
+
+    ``recent`` counts the requests dispatched to each replica over a sliding window (decayed),
+    so this bounds each replica's *request rate*, which the in-flight cap of `bounded_load`
+    does not when requests are short: a replica is kept while
+    ``recent + 1 <= factor x (total + 1) x weight / total weight + 1`` (the last term: one
+    request of slack, so small counts never bind)."""
+
+    def keep(req: RequestView, candidates: list[Candidate]) -> list[Candidate]:
+        if first_turns and not req.first_turn:
+            return candidates
+        total = 1.0
+        weight = 0
+        for c in candidates:
+            total += c.recent
+            weight += c.state.weight
+        fair = factor * total / weight
+        kept = [c for c in candidates if c.recent <= fair * c.state.weight]
+        return kept or candidates
 
     return keep
 

@@ -264,9 +264,9 @@ class RoutingSettings:
     prompt_affinity: bool = True  # accepted, no effect: cache_aware supersedes the affinities
     # cache_aware (router/pipeline.py): scorer weights, the cost model, the prefix index
     cache_weight: float = 4.0
-    first_turn_cache_weight: float = 1.0
+    first_turn_cache_weight: float = 2.0
     load_weight: float = 1.0
-    home_weight: float = 0.1
+    home_weight: float = 0.02
     decode_tokens: float = 32.0
     kv_high: float = 0.9
     cache_load_floor: int = 32
@@ -278,6 +278,9 @@ class RoutingSettings:
     index_max_entries: int = 65536
     hold_tokens: int = 256
     hold_timeout: float = 2.0
+    rate_factor: float = 2.0
+    rate_window: float = 8.0
+    rate_first_turns: bool = True
 
     @classmethod
     def parse(cls, r: _Reader) -> RoutingSettings:
@@ -312,7 +315,12 @@ class RoutingSettings:
                 kv_capacity_tokens=r.integer("kv_capacity_tokens", cls.kv_capacity_tokens, 1),
                 index_max_entries=r.integer("index_max_entries", cls.index_max_entries, 1),
                 hold_tokens=r.integer("hold_tokens", cls.hold_tokens, 0),
-                hold_timeout=r.number("hold_timeout", cls.hold_timeout, gt=0))
+                hold_timeout=r.number("hold_timeout", cls.hold_timeout, gt=0),
+                rate_factor=r.check("rate_factor", cls.rate_factor, "0 (off) or a number >= 1",
+                                    lambda v: isinstance(v, int | float)
+                                    and not isinstance(v, bool) and (v == 0 or v >= 1), float),
+                rate_window=r.number("rate_window", cls.rate_window, ge=1),
+                rate_first_turns=r.boolean("rate_first_turns", cls.rate_first_turns))
         if s.cache_weight + s.load_weight + s.home_weight <= 0:
             raise SettingsError(f"{r.key('cache_weight')}: expected the cache, load and home "
                                 f"weights not all 0, got {s.cache_weight!r}")
