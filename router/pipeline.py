@@ -30,7 +30,7 @@ for this request, the work already queued on it, its rank on the key's ring walk
 
 Branch (the scorer that decided; API values, also a metric label):
 ``cache_hit`` - the pick holds at least ``min_match_tokens`` of the prompt and no candidate
-holds more; ``home`` / ``override`` / ``conversation`` - otherwise, the pick is the key's home
+(filtered out or not) holds more; ``home`` / ``override`` / ``conversation`` - otherwise, the pick is the key's home
 (the key came from the prefix / the ``X-Prefix-Hash`` header / the conversation identity);
 ``spill`` - otherwise: load moved the request off both its home and its best cache;
 ``least_loaded`` - a request with no key and no cached prefix; ``fallback`` - every replica was
@@ -194,14 +194,13 @@ class Pipeline:
             scale = 1.0
         scorers = self.scorers
         scored = []
-        top_cached = 0
         for i, c in enumerate(kept):
             value = 0.0
             for scorer, weight in scorers:
                 value += weight * scorer(req, c, scale, fleet)
             scored.append((value, -c.rank, -i))
-            if c.cached > top_cached:
-                top_cached = c.cached
+        # over every candidate: a filtered-out replica holding more makes the pick a spill
+        top_cached = max(c.cached for c in candidates)
         order = sorted(range(len(kept)), key=scored.__getitem__, reverse=True)
         ranked = [kept[i] for i in order]
         best = ranked[0]

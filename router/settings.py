@@ -263,7 +263,7 @@ class RoutingSettings:
     session_header: str = "X-Session-ID"
     prompt_affinity: bool = True  # accepted, no effect: cache_aware supersedes the affinities
     # cache_aware (router/pipeline.py): scorer weights, the cost model, the prefix index
-    cache_weight: float = 4.0
+    cache_weight: float = 8.0
     first_turn_cache_weight: float = 2.0
     load_weight: float = 1.0
     home_weight: float = 0.02
@@ -271,7 +271,7 @@ class RoutingSettings:
     kv_high: float = 0.9
     cache_load_floor: int = 32
     min_match_tokens: int = 64
-    match_threshold: float = 0.5
+    match_threshold: float = 0.3
     chunk_chars: int = 1024
     chars_per_token: float = 4.0
     kv_capacity_tokens: int = 262144
