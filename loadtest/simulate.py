@@ -413,13 +413,13 @@ def workload_requests(name: str, requests: int, seed: int, rate: float, **kw: An
 
 
 def bench_cell(name: str, replicas: int, seed: int = 0) -> tuple[list[SimRequest], SimConfig]:
-    """The requests and fleet of one `make bench` compare cell (`loadtest.bench.WORKLOADS` at
+    """The requests and fleet of one `make bench` compare cell (`loadtest.cells.WORKLOADS` at
     ``replicas``), replayed open-loop at the bench rate: the same prompts, arrival order and
     replica sizes as the HTTP run, in virtual time (no client or proxy latency)."""
     import tempfile
     from pathlib import Path
 
-    from loadtest.bench import WORKLOADS, _requests
+    from loadtest.cells import WORKLOADS, cell_requests
     from loadtest.runner import scale_arrivals
 
     chosen = [w for w in WORKLOADS if w.name == name]
@@ -427,7 +427,7 @@ def bench_cell(name: str, replicas: int, seed: int = 0) -> tuple[list[SimRequest
         raise ValueError(f"no bench workload {name!r} (one of {', '.join(w.name for w in WORKLOADS)})")
     w = chosen[0].at(replicas)
     with tempfile.TemporaryDirectory(prefix="simcell-") as tmp:
-        reqs, _meta = _requests(w, seed, Path(tmp))
+        reqs, _meta = cell_requests(w, seed, Path(tmp))
     f = w.fleet
     timing = TimingModel(step_ms=f.step_ms, prefill_us_per_token=f.prefill_us_per_token,
                          decode_us_per_seq=f.decode_us_per_seq, speed=f.speed)
