@@ -261,10 +261,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write_doc(doc: Path, text: str) -> None:
-    """Write the regenerated doc, keeping the section `loadtest.bench_tracing` owns."""
-    from loadtest.bench_tracing import keep_block
+    """Write the regenerated doc, keeping the sections other scripts own
+    (:mod:`loadtest.doc_blocks`: `loadtest.bench_tracing`'s, `scripts/bench_block_keys.py`'s)."""
+    from loadtest.doc_blocks import keep_blocks
 
-    doc.write_text(keep_block(doc.read_text() if doc.exists() else "", text))
+    doc.write_text(keep_blocks(doc.read_text() if doc.exists() else "", text))
 
 
 def _figures(data: dict[str, Any], img: Path) -> dict[str, Path]:

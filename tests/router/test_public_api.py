@@ -60,6 +60,12 @@ PINNED: dict[str, list[str]] = {
         "CACHE_CONFIG", "HealthMonitor", "KV_USAGE", "LoraInfo", "RUNNING", "Replica", "Replicas",
         "VllmLoad", "WAITING", "kv_capacity_tokens", "parse_lora_info", "parse_vllm_metrics"
     ],
+    "router.kv_events": [],
+    "router.kv_events.wire": [
+        "AllBlocksCleared", "BlockHash", "BlockRemoved", "BlockStored", "Event", "EventBatch",
+        "MEDIUM_CPU", "MEDIUM_GPU", "REPLAY_END", "SEQ_BYTES", "WireError", "decode_batch",
+        "decode_seq", "encode_batch", "encode_seq"
+    ],
     "router.limits": [
         "ConnectionGuard", "HTTP_PROTOCOL", "LINGER", "LimitedHttpToolsProtocol", "Rejection",
         "body_deadline", "ensure_descriptors", "header_bytes", "refused_by"
