@@ -319,21 +319,24 @@ class RoutingSettings:
     session_header: str = "X-Session-ID"
     prompt_affinity: bool = True  # accepted, no effect: cache_aware supersedes the affinities
     # cache_aware (router/pipeline.py): scorer weights, the cost model, the prefix index
-    cache_weight: float = 4.0
-    first_turn_cache_weight: float = 1.0
+    cache_weight: float = 8.0
+    first_turn_cache_weight: float = 2.0
     load_weight: float = 1.0
-    home_weight: float = 0.1
+    home_weight: float = 0.02
     decode_tokens: float = 32.0
     kv_high: float = 0.9
     cache_load_floor: int = 32
     min_match_tokens: int = 64
-    match_threshold: float = 0.5
+    match_threshold: float = 0.3
     chunk_chars: int = 1024
     chars_per_token: float = 4.0
     kv_capacity_tokens: int = 262144
     index_max_entries: int = 65536
     hold_tokens: int = 256
     hold_timeout: float = 2.0
+    rate_factor: float = 2.0
+    rate_window: float = 8.0
+    rate_first_turns: bool = True
     # precise routing from the replicas' KV-cache events (cache_aware only): the files the
     # router renders and tokenises requests with, exactly as the replicas' vLLM does
     kv_events: KvEventsSettings = field(default_factory=KvEventsSettings)
@@ -374,6 +377,11 @@ class RoutingSettings:
                 index_max_entries=r.integer("index_max_entries", cls.index_max_entries, 1),
                 hold_tokens=r.integer("hold_tokens", cls.hold_tokens, 0),
                 hold_timeout=r.number("hold_timeout", cls.hold_timeout, gt=0),
+                rate_factor=r.check("rate_factor", cls.rate_factor, "0 (off) or a number >= 1",
+                                    lambda v: isinstance(v, int | float)
+                                    and not isinstance(v, bool) and (v == 0 or v >= 1), float),
+                rate_window=r.number("rate_window", cls.rate_window, ge=1),
+                rate_first_turns=r.boolean("rate_first_turns", cls.rate_first_turns),
                 kv_events=_section(r, "kv_events", KvEventsSettings),
                 tokenizer=r.opt_string("tokenizer"),
                 chat_template=r.opt_string("chat_template"))

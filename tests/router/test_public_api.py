@@ -89,7 +89,7 @@ PINNED: dict[str, list[str]] = {
     ],
     "router.pipeline": [
         "Candidate", "Filter", "Pipeline", "RequestView", "Scorer", "bounded_load", "cache_score",
-        "home_score", "load_score", "queued_work"
+        "home_score", "load_score", "queued_work", "recent_load"
     ],
     "router.prefix_index": ["ApproxIndex", "InFlight", "PrefixIndex", "match_holders"],
     "router.proxy": [
@@ -101,7 +101,7 @@ PINNED: dict[str, list[str]] = {
     "router.ring.nginx": [
         "NGINX_MAX_SKIPS", "NginxRing", "POINTS_PER_WEIGHT", "key_bytes", "split_server"
     ],
-    "router.routing": ["ExactKeys", "Routed", "Router"],
+    "router.routing": ["ExactKeys", "RecentLoad", "Routed", "Router"],
     "router.settings": [
         "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
         "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery",
