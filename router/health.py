@@ -20,7 +20,11 @@ tokens (the prefix index's bound for it). A failed scrape zeroes the scraped loa
 falls back to this router's own in-flight count and keeps the last known capacity; it never
 ejects (a replica may run without metrics). `vllm:lora_requests_info` (`parse_lora_info`: the
 label set with the largest value, i.e. the latest, since vLLM never removes old ones) gives the
-adapters running and waiting there and `max_lora`.
+adapters running and waiting there and `max_lora`. vLLM sets that gauge at its engine steps
+only, so a replica that has served nothing yet exports no sample: "no LoRA information" until
+the first scrape after its first request. A scrape that answered without the gauge clears the
+LoRA state (a restarted replica has no adapter loaded); a failed scrape keeps the last known
+state, like the capacity (one slow scrape under load must not forget where adapters live).
 
 Loops are plain coroutines (`run_probes`, `run_scrapes`) that the app's lifespan starts and
 cancels; constructing a HealthMonitor starts nothing. Each tick costs one request per replica,
@@ -326,6 +330,7 @@ class HealthMonitor:
     async def scrape_one(self, session: aiohttp.ClientSession, replica: Replica) -> None:
         load = VllmLoad(0.0, 0.0, 0.0)
         lora: LoraInfo | None = None
+        answered = False
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError):
             async with session.get(replica.url + "/metrics", allow_redirects=False,
                                    timeout=self._timeout) as r:
@@ -333,13 +338,14 @@ class HealthMonitor:
                     text = await r.text()
                     load = parse_vllm_metrics(text)
                     lora = parse_lora_info(text)
+                    answered = True
         replica.running, replica.waiting = load.running, load.waiting
-        if lora is None:
-            replica.lora_running = replica.lora_waiting = frozenset()
-            replica.max_lora = 0
-        else:
+        if lora is not None:
             replica.lora_running, replica.lora_waiting = lora.running, lora.waiting
             replica.max_lora = lora.max_lora
+        elif answered:  # no gauge (yet): no LoRA information; a failed scrape keeps the last
+            replica.lora_running = replica.lora_waiting = frozenset()
+            replica.max_lora = 0
         replica.kv_usage = load.kv_usage
         replica.scraped_unstarted = replica.unstarted
         if load.kv_capacity:  # a failed scrape keeps the last known capacity

@@ -26,6 +26,16 @@ admission and is never preempted. Cost per step: O(running + admitted) plus hash
 filled block once.
 
 ``Engine.serve_instant`` is the no-timing path: allocate, count, cache, free, all at once.
+
+KV cache events (``events``, a `BlockEvents`; None: off): every change of the block pool is
+reported in the order it happens — blocks a request registers (``stored``, one call per run of
+consecutive new blocks: their hashes, the hash before them, their token ids, the request's
+adapter; a block whose hash another block already holds is not registered, so not reported),
+hashes evicted (``removed``) and a reset (``cleared``) — and ``flush`` closes the batch at the end
+of every engine step (of every instant request; of an abort or a reset outside a step). Every
+``stored`` hash is absent from the pool just before and every ``removed`` one present, so
+replaying the changes onto an empty set — or onto per-hash counts — yields exactly the pool's
+cached hashes after each flush.
 """
 
 from __future__ import annotations
@@ -71,6 +81,19 @@ class EngineLimits:
     max_model_len: int = 32768
     preempt: bool = True
     max_loras: int = 1   # distinct adapters one step can run (vLLM --max-loras)
+
+
+class BlockEvents(Protocol):
+    """Where the engine reports its block pool's changes (``loadtest.replica.kv_events``)."""
+
+    def stored(self, hashes: Sequence[int], parent: int | None, token_ids: Sequence[int],
+               lora: str | None) -> None: ...
+
+    def removed(self, hashes: list[int]) -> None: ...
+
+    def cleared(self) -> None: ...
+
+    def flush(self) -> None: ...
 
 
 class Observer(Protocol):
@@ -191,11 +214,18 @@ class Engine:
 
     def __init__(self, limits: EngineLimits, timing: TimingModel,
                  observer: Observer | None = None,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None,
+                 events: BlockEvents | None = None) -> None:
         self.limits = limits
         self._clock = clock
         self.timing = timing
         self.cache = PrefixCache(limits.kv_blocks, limits.block_size)
+        self.events = events
+        self._fresh: list[int] = []   # hashes the pool registered during the current call
+        if events is not None:
+            self.cache.on_evict = events.removed
+            self.cache.on_store = self._fresh.extend
+        self._stepping = False   # inside an engine step: its end flushes the events
         self.observer: Observer = observer or _NullObserver()
         self.stats = EngineStats()
         self.slow = 1.0   # fault injection: multiplies every step's duration
@@ -282,8 +312,12 @@ class Engine:
         elif len(hashes) > full:
             hashes = hashes[:full]
         cache = self.cache
+        stored = None   # the range of hashes registered: (start, end)
         if not self.running:
+            # Nothing pinned, so the pool holds the request (it passed _check): it registers
+            # every block past its hit.
             hit = cache.insert(hashes, total, record=False, hit_limit=cap)
+            stored = (hit // bs, len(hashes))
         else:
             capped = hashes[:cap]
             alloc = cache.allocate(capped, total, record=False)
@@ -291,8 +325,18 @@ class Engine:
                 hit = cache.cached_prefix_tokens(capped, n)
             else:
                 hit = alloc.hit_tokens
+                start = alloc.cached_upto
                 cache.cache_full_blocks(alloc, hashes)
                 cache.free(alloc)
+                stored = (start, alloc.cached_upto)
+        if self.events is not None:
+            if stored is not None and stored[1] > stored[0]:
+                a, b = stored
+                ids = prompt if b * bs <= n else [
+                    *prompt, *_output_ids(req.output_ids, 0, req.max_tokens)]
+                self._report_stored(hashes, a, b, ids, req.lora)
+            self._fresh.clear()
+            self.events.flush()
         st = self.stats
         st.queries += n
         st.hits += hit
@@ -316,6 +360,19 @@ class Engine:
                 pass
         self.stats.aborts += 1
         seq.changed.set()
+        if self.events is not None and not self._stepping:
+            self.events.flush()
+        return True
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (vLLM's ``POST /reset_prefix_cache``); False while a
+        request holds blocks (vLLM refuses then too)."""
+        if not self.cache.reset():
+            return False
+        if self.events is not None:
+            self.events.cleared()
+            if not self._stepping:
+                self.events.flush()
         return True
 
     @property
@@ -345,9 +402,36 @@ class Engine:
     def _register(self, seq: _Seq) -> None:
         """Make the request's computed full blocks reusable by later requests."""
         alloc = seq.alloc
-        full = seq.computed // self.limits.block_size
+        bs = self.limits.block_size
+        full = seq.computed // bs
         if alloc is not None and full > alloc.cached_upto:
-            self.cache.cache_full_blocks(alloc, self._hashes_upto(seq, seq.computed)[:full])
+            start = alloc.cached_upto
+            hashes = self._hashes_upto(seq, seq.computed)
+            self.cache.cache_full_blocks(alloc, hashes[:full])
+            if self.events is not None:
+                self._report_stored(hashes, start, alloc.cached_upto, seq.ids, seq.req.lora)
+
+    def _report_stored(self, hashes: Sequence[int], a: int, b: int, ids: Sequence[int],
+                       lora: str | None) -> None:
+        """Report the blocks of ``hashes[a:b]`` the pool just registered (``_fresh``), one
+        ``stored`` per run of consecutive ones; ``ids`` are the request's token ids."""
+        assert self.events is not None
+        fresh = set(self._fresh)
+        self._fresh.clear()
+        if not fresh:
+            return
+        bs = self.limits.block_size
+        i = a
+        while i < b:
+            if hashes[i] not in fresh:
+                i += 1
+                continue
+            j = i + 1
+            while j < b and hashes[j] in fresh:
+                j += 1
+            self.events.stored(hashes[i:j], hashes[i - 1] if i else None, ids[i * bs:j * bs],
+                               lora)
+            i = j
 
     def _release(self, seq: _Seq) -> None:
         assert seq.alloc is not None
@@ -490,6 +574,12 @@ class Engine:
                 await self._wake.wait()
                 continue
             self.stats.steps += 1
-            await asyncio.sleep(self.timing.step_seconds(plan.prefill_tokens, plan.decoding,
-                                                         self.slow, plan.lora_loads))
-            self.apply(plan, self._now())
+            self._stepping = True
+            try:
+                await asyncio.sleep(self.timing.step_seconds(plan.prefill_tokens, plan.decoding,
+                                                             self.slow, plan.lora_loads))
+                self.apply(plan, self._now())
+            finally:
+                self._stepping = False
+                if self.events is not None:
+                    self.events.flush()   # one batch per engine step, as vLLM publishes

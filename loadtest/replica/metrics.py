@@ -5,7 +5,8 @@ live in one process (tests) without sharing counters. Counters and gauges are re
 `Snapshot` of the engine at scrape time (no bookkeeping on the hot path); the two latency
 histograms are observed by the engine as requests produce their first token and finish.
 Every series carries the ``model_name`` label, as vLLM's do - except ``vllm:lora_requests_info``
-(exported when the replica serves adapters, as vLLM does with ``--enable-lora``), whose labels
+(exported when the replica serves adapters and has received a request, as vLLM does with
+``--enable-lora``: it sets the gauge at engine steps, so a fresh replica has none), whose labels
 are ``max_lora``, ``waiting_lora_adapters`` and ``running_lora_adapters`` (comma-joined names)
 and whose value is the time the label set was last seen. vLLM sets that gauge with
 ``set_to_current_time()`` and never removes a label set, so a scrape holds older sets too and
@@ -122,7 +123,8 @@ class _SnapshotCollector(Collector):
                          str(self._cache.enable_prefix_caching)], 1.0)
         yield info
         if self._lora is not None:
-            self._lora.observe(s.running_loras, s.waiting_loras, time.time())
+            if s.requests:  # vLLM: HELP and TYPE only, no sample, before its first engine step
+                self._lora.observe(s.running_loras, s.waiting_loras, time.time())
             lora = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
                                      labels=["max_lora", "waiting_lora_adapters",
                                              "running_lora_adapters"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -153,14 +154,24 @@ def test_replicas_in_one_process_have_separate_registries(sim: Callable[..., Sim
 
 
 def test_preemption_when_decode_runs_out_of_blocks_is_counted(sim: Callable[..., Sim]) -> None:
+    """Two requests of 8 blocks each (60 prompt + 60 generated tokens) on 12 blocks: once both
+    run, decode runs out of blocks. Steps are slowed (fault `slow`: ~0.25 s a step) until both
+    are in the engine, so the first cannot finish alone however late the second thread runs;
+    then the engine goes at full speed."""
     import threading
 
     s = sim(kv_blocks=12, speed=200.0)
+    HTTP.post(s.url + "/admin/fault", json={"slow": 5000.0}).raise_for_status()
     threads = [threading.Thread(target=s.complete, args=(ids(k * 1000, 60), 60)) for k in range(2)]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + 60
+    while (m := s.metrics())["vllm:num_requests_running"] + m["vllm:num_requests_waiting"] < 2:
+        assert time.monotonic() < deadline, f"both requests never reached the engine: {m}"
+        time.sleep(0.02)
+    HTTP.post(s.url + "/admin/fault", json={}).raise_for_status()
     for t in threads:
-        t.join(timeout=30)
+        t.join(timeout=60)
     m = s.metrics()
     assert m["vllm:num_preemptions_total"] >= 1     # 2 x 8 blocks needed, 12 available
     assert m["vllm:generation_tokens_total"] >= 120

@@ -73,6 +73,9 @@ def test_adapters_never_share_cached_blocks(replica: Callable[..., str]) -> None
 
 def test_lora_requests_info_is_exported_as_vllm_does(replica: Callable[..., str]) -> None:
     url = replica(model="llama", lora=("sql",), max_lora=2)
+    fresh = HTTP.get(url + "/metrics").text  # vLLM 0.32 too: the family, no sample, until a step
+    assert "# TYPE vllm:lora_requests_info gauge" in fresh
+    assert "vllm:lora_requests_info{" not in fresh
     ask(client(url), "sql")
     samples = [line for line in HTTP.get(url + "/metrics").text.splitlines()
                if line.startswith("vllm:lora_requests_info{")]

@@ -205,3 +205,37 @@ def test_kv_capacity_from_cache_config_info_labels() -> None:
     assert kv_capacity_tokens('{_block_size_resolved="True",hash_block_size="None",engine="0",'
                               'block_size="32",num_gpu_blocks="256"}') == 256 * 32
     assert parse_vllm_metrics("vllm:num_requests_running 1\n").kv_capacity == 0
+
+
+def test_a_failed_scrape_keeps_the_lora_state_an_answer_without_the_gauge_clears_it(
+        threaded_server: Any) -> None:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse, Response
+    from starlette.routing import Route
+
+    lora = ('# TYPE vllm:lora_requests_info gauge\n'
+            'vllm:lora_requests_info{max_lora="1",running_lora_adapters="sql",'
+            'waiting_lora_adapters=""} 1.79e+09\n')
+    # what /metrics answers, one scrape after the other: a LoRA sample, a failure (status 500),
+    # an answer with only the family (vLLM restarted and has served nothing yet)
+    answers = [(200, lora), (500, "boom"), (200, "# TYPE vllm:lora_requests_info gauge\n")]
+
+    async def metrics(request: Request) -> Response:
+        status, text = answers.pop(0)
+        return PlainTextResponse(text, status_code=status)
+
+    srv = threaded_server(Starlette(routes=[Route("/metrics", metrics)]))
+    replicas = ReplicaSet([ReplicaSpec("r0", srv.url)])
+    m = HealthMonitor(HealthSettings(timeout=5.0), ScrapeSettings(), replicas, RouterMetrics())
+    r0 = replicas.get("r0")
+    assert r0 is not None
+    seen: list[tuple[frozenset[str], int]] = []
+
+    async def scrape_thrice(session: aiohttp.ClientSession) -> None:
+        for _ in range(3):
+            await m.scrape_once(session)
+            seen.append((r0.lora_running, r0.max_lora))
+
+    asyncio.run(_with_session(scrape_thrice))
+    assert seen == [(frozenset({"sql"}), 1), (frozenset({"sql"}), 1), (frozenset(), 0)]

@@ -27,6 +27,7 @@ from ._prompts import prose
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 HITS = "vllm:prefix_cache_hits_total"
+QUERIES = "vllm:prefix_cache_queries_total"
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +71,9 @@ def test_the_router_learns_vllms_adapter_and_routes_each_model_to_its_replica(
         routed: tuple[str, Any]) -> None:
     url, app = routed
     vllm0 = app.replicas.get("vllm0")
+    fresh = httpx.get(vllm0.url + "/metrics", timeout=30).text
+    assert "# TYPE vllm:lora_requests_info gauge" in fresh  # the family, no sample before a step
+    assert "vllm:lora_requests_info{" not in fresh and vllm0.max_lora == 0
     assert vllm0.models == {"tiny-llama", "sql"} and dict(vllm0.parents) == {"sql": "tiny-llama"}
     listed = {m.id: m.model_extra.get("parent") for m in client(url).models.list().data}
     assert listed == {"tiny-llama": None, "sql": "tiny-llama", "qwen": None}
@@ -81,7 +85,13 @@ def test_the_router_learns_vllms_adapter_and_routes_each_model_to_its_replica(
     with pytest.raises(openai.NotFoundError) as err:
         c.completions.create(model="nope", prompt="hi", max_tokens=1)
     assert err.value.body["code"] == "model_not_found"  # the router's, vLLM never saw it
-    # vLLM's gauge is parsed: one LoRA slot
+    # vLLM's gauge is parsed: one LoRA slot. vLLM sets it at engine steps only (a fresh replica
+    # exports the family without a sample), so it is known from the router's first scrape after
+    # the requests above: wait for that scrape, not for a fixed time
+    deadline = time.monotonic() + 30
+    while vllm0.max_lora == 0:
+        assert time.monotonic() < deadline, f"lora_requests_info never learned: {vllm0}"
+        time.sleep(0.05)
     assert vllm0.max_lora == 1
 
 
@@ -91,14 +101,20 @@ def test_vllm_never_shares_blocks_between_an_adapter_and_its_base(
     c = client(url)
     prompt = unique + " " + prose(unique, 600)
 
-    def hits() -> float:
-        return parse_metrics(httpx.get(lora_fleet.urls[0] + "/metrics").text).get(HITS, 0.0)
+    def counters() -> tuple[float, float]:
+        m = parse_metrics(httpx.get(lora_fleet.urls[0] + "/metrics", timeout=30).text)
+        return m.get(QUERIES, 0.0), m.get(HITS, 0.0)
 
     def delta(model: str) -> float:
-        before = hits()
+        queries, hits = counters()
         c.completions.create(model=model, prompt=prompt, max_tokens=1)
-        time.sleep(0.3)  # the stat logger can trail the response
-        return hits() - before
+        # the stat logger can trail the response: wait until it counted this request's lookup
+        # (queries and hits are set by the same step's stats)
+        deadline = time.monotonic() + 30
+        while (now := counters())[0] == queries:
+            assert time.monotonic() < deadline, "vLLM never counted the prefix-cache lookup"
+            time.sleep(0.05)
+        return now[1] - hits
 
     assert delta("tiny-llama") == 0  # cold
     assert delta("sql") == 0  # the same prompt, the adapter: vLLM recomputes every block
