@@ -331,7 +331,7 @@ def test_connection_cap_refuses_at_once(serve: Callable[..., tuple[GuardedApp, i
     app, port = serve(max_connections=5, header_timeout=30.0)
     held = [connect(port) for _ in range(5)]
     try:
-        time.sleep(0.2)   # all five accepted
+        wait_for(lambda: app.connection_guard.open == 5, "all five admitted")
         with connect(port) as s:
             s.sendall(get())
             raw = read_all(s)   # answered and closed: no wait for the socket's timeout
@@ -356,7 +356,7 @@ def test_per_client_cap(serve: Callable[..., tuple[GuardedApp, int]]) -> None:
     app, port = serve(max_connections_per_client=2, header_timeout=30.0)
     held = [connect(port, "127.0.0.2") for _ in range(2)]
     try:
-        time.sleep(0.2)
+        wait_for(lambda: app.connection_guard.open == 2, "both admitted")
         with connect(port, "127.0.0.2") as s:
             raw = read_all(s)
         assert status(raw) == 503 and app.rejected("too_many_client_connections") == 1
