@@ -278,6 +278,8 @@ def test_trickled_body_gets_408_and_the_app_sees_a_disconnect(
         raw = drip(s, lambda _: b"x", 0.1, 100)   # one byte every 0.1 s for up to 10 s
     assert status(raw) == 408 and error_code(raw) == "request_timeout"
     assert app.rejected("body_timeout") == 1
+    # the app learns of the disconnect in its own task, maybe after the client saw the close
+    wait_for(lambda: app.refused != [], "the app to see the disconnect")
     assert app.refused == ["limits.body_timeout"]
     (line,) = app.lines()
     assert (line["method"], line["path"], line["limit"]) == ("POST", "/x", "limits.body_timeout")
