@@ -11,6 +11,13 @@
         fleet.names     # ["llama-0", "llama-1", "llama-2", "qwen-0", "qwen-1"]
         fleet.models    # [("llama", ("sql",)), ("llama", ()), ...]: base model, adapters
 
+    # KV cache events (vLLM's --kv-events-config): replica i publishes on port 5557 + i and
+    # answers replays on 6557 + i (a port of 0: ports the kernel hands out)
+    with Fleet(replicas=2, kv_events_config='{"enable_kv_cache_events": true, "topic": "kv", '
+               '"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:6557"}') as fleet:
+        fleet.kv_endpoints          # ["tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558"]
+        fleet.kv_replay_endpoints   # ["tcp://127.0.0.1:6557", "tcp://127.0.0.1:6558"]
+
 Replica ``i`` runs ``python -m loadtest replica --name NAME --port PORT --admin-port A ...`` in
 its own session (so a terminal's Ctrl-C reaches only the fleet, which then stops its children in
 order); ports are ``base_port + i`` or, without a base port, ports the kernel hands out. `start()`
@@ -42,6 +49,12 @@ from typing import Any
 from loadtest._net import free_port, http_ok
 from loadtest.replica import config as replica_config
 from loadtest.replica.config import ReplicaConfig, to_argv
+from loadtest.replica.kv_config import (
+    KvEventsConfig,
+    is_bind_endpoint,
+    parse_kv_events_config,
+    with_port,
+)
 
 __all__ = ["Fleet", "FleetError", "add_arguments", "main", "parse_loras", "parse_models"]
 
@@ -94,6 +107,14 @@ def mixed_members(models: list[tuple[str, int]], loras: list[tuple[str, str, int
     return out
 
 
+def _port_of(endpoint: str) -> int:
+    _, sep, port = endpoint.rpartition(":")
+    if not sep or not port.isdigit() or not endpoint.startswith("tcp://"):
+        raise ValueError(f"--kv-events-config: a fleet needs tcp://HOST:PORT endpoints, "
+                         f"got {endpoint!r}")
+    return int(port)
+
+
 class FleetError(RuntimeError):
     """A replica did not come up (the message carries the tail of its log)."""
 
@@ -106,6 +127,8 @@ class _Member:
     log: Path
     argv: list[str]
     proc: subprocess.Popen[bytes] | None = None
+    kv_port: int | None = None          # the KV-event PUB port it binds (None: not publishing)
+    kv_replay_port: int | None = None
 
 
 class Fleet:
@@ -119,6 +142,8 @@ class Fleet:
         owned = sorted(_FLEET_OWNED & set(replica_options))
         if owned:
             raise TypeError(f"the fleet sets {', '.join(owned)} itself")
+        kv_text = replica_options.pop("kv_events_config", None)
+        kv = parse_kv_events_config(kv_text) if kv_text is not None else None
         self._argv = to_argv(replica_options)   # validates option names before anything starts
         per_replica = per_replica or [{} for _ in range(replicas)]
         if len(per_replica) != replicas:
@@ -141,7 +166,30 @@ class Fleet:
                     admin_port=free_port("127.0.0.1"), log=self.log_dir / f"{n}.log",
                     argv=self._member_argv[i])
             for i, n in enumerate(names)]
+        if kv is not None:
+            self._give_kv_ports(kv)
         self._lock = threading.Lock()
+
+    def _give_kv_ports(self, kv: KvEventsConfig) -> None:
+        """Every replica its own KV-event ports: the config's port + i (vLLM offsets by the
+        data-parallel rank the same way), or free ports for a port of 0. An endpoint the
+        replicas connect to (a collector's) is passed on unchanged."""
+        if not kv.publishes or not is_bind_endpoint(kv.endpoint):
+            for m in self._members:
+                m.argv = [*m.argv, *to_argv({"kv_events_config": kv.to_json()})]
+            return
+        n = len(self._members)
+        pub = _port_of(kv.endpoint)
+        replay = _port_of(kv.replay_endpoint) if kv.replay_endpoint is not None else None
+        if pub and replay and abs(pub - replay) < n:
+            raise ValueError(f"--kv-events-config: the ports {pub} + i and {replay} + i of "
+                             f"{n} replicas overlap; put them at least {n} apart")
+        for i, m in enumerate(self._members):
+            m.kv_port = pub + i if pub else free_port(self.host)
+            if replay is not None:
+                m.kv_replay_port = replay + i if replay else free_port(self.host)
+            own = with_port(kv, m.kv_port, m.kv_replay_port)
+            m.argv = [*m.argv, *to_argv({"kv_events_config": own.to_json()})]
 
     @classmethod
     def mixed(cls, models: list[tuple[str, int]],
@@ -171,6 +219,22 @@ class Fleet:
     @property
     def urls(self) -> list[str]:
         return [f"http://{self._url_host()}:{m.port}" for m in self._members]
+
+    def _kv_host(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else "::1" if self.host == "::" else self.host
+        return f"[{host}]" if ":" in host else host
+
+    @property
+    def kv_endpoints(self) -> list[str | None]:
+        """Where to connect a SUB socket to replica i's KV events (None: it does not bind one)."""
+        return [None if m.kv_port is None else f"tcp://{self._kv_host()}:{m.kv_port}"
+                for m in self._members]
+
+    @property
+    def kv_replay_endpoints(self) -> list[str | None]:
+        """Where to send replica i's replay requests (a DEALER socket; None: no replay)."""
+        return [None if m.kv_replay_port is None else f"tcp://{self._kv_host()}:{m.kv_replay_port}"
+                for m in self._members]
 
     @property
     def admin_urls(self) -> list[str]:
@@ -350,10 +414,12 @@ def main(args: argparse.Namespace) -> int:
     except FleetError as exc:
         print(f"prefix-loadtest fleet: {exc}", file=sys.stderr)
         return 1
-    for name, url, admin, (model, adapters) in zip(fleet.names, fleet.urls, fleet.admin_urls,
-                                                   fleet.models, strict=True):
+    for name, url, admin, (model, adapters), kv, replay in zip(
+            fleet.names, fleet.urls, fleet.admin_urls, fleet.models, fleet.kv_endpoints,
+            fleet.kv_replay_endpoints, strict=True):
         served = f"\tmodels {','.join((model, *adapters))}" if args.models else ""
-        print(f"{name}\t{url}\tadmin {admin}{served}", flush=True)
+        events = (f"\tkv-events {kv}" if kv else "") + (f"\treplay {replay}" if replay else "")
+        print(f"{name}\t{url}\tadmin {admin}{served}{events}", flush=True)
     reported: set[str] = set()
     try:
         while not stop.wait(0.5):

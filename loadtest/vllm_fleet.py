@@ -14,6 +14,11 @@ the tail of its log in the message.
     with VllmFleet(n=2, model_dir=find_env().model_dir) as fleet:
         fleet.urls            # ["http://127.0.0.1:41231", ...]
         fleet.metrics(0)      # {"vllm:prefix_cache_hits_total": 64.0, ...} (labels summed)
+
+With ``kv_events=True`` every replica publishes its KV cache events (``--kv-events-config``,
+topic ``kv_topic``) on a PUB port and answers replays on a ROUTER port of its own, both from the
+kernel and kept across restarts: ``fleet.kv_endpoints`` / ``fleet.kv_replay_endpoints``
+(docs/kv-events.md).
 """
 
 from __future__ import annotations
@@ -135,6 +140,8 @@ class VllmFleet:
         stop_timeout: float = 20.0,
         extra_args: Sequence[str] = (),
         extra_env: dict[str, str] | None = None,
+        kv_events: bool = False,
+        kv_topic: str = "kv",
     ) -> None:
         if block_size % 32:
             raise ValueError(f"block_size: vLLM's CPU backend needs a multiple of 32, got {block_size}")
@@ -153,6 +160,9 @@ class VllmFleet:
         self.extra_env = dict(extra_env or {})
         self.names = [f"vllm{i}" for i in range(n)]
         self.ports: list[int] = []
+        self.kv_events = kv_events
+        self.kv_topic = kv_topic
+        self.kv_ports: list[tuple[int, int]] = []   # (PUB, replay ROUTER) of each replica
         self.procs: list[subprocess.Popen[bytes]] = []
         self.startup_seconds: float | None = None
 
@@ -161,6 +171,22 @@ class VllmFleet:
     @property
     def urls(self) -> list[str]:
         return [f"http://127.0.0.1:{p}" for p in self.ports]
+
+    @property
+    def kv_endpoints(self) -> list[str]:
+        """Where to connect a SUB socket to replica i's KV events (empty: events off)."""
+        return [f"tcp://127.0.0.1:{pub}" for pub, _ in self.kv_ports]
+
+    @property
+    def kv_replay_endpoints(self) -> list[str]:
+        """Where to send replica i's replay requests (a DEALER socket)."""
+        return [f"tcp://127.0.0.1:{replay}" for _, replay in self.kv_ports]
+
+    def kv_events_config(self, i: int) -> dict[str, object]:
+        """The ``--kv-events-config`` of replica ``i`` (vLLM binds an endpoint with ``*``)."""
+        pub, replay = self.kv_ports[i]
+        return {"enable_kv_cache_events": True, "publisher": "zmq", "topic": self.kv_topic,
+                "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"}
 
     def log_path(self, i: int) -> Path:
         return self.log_dir / f"{self.names[i]}.log"
@@ -211,6 +237,8 @@ class VllmFleet:
         try:
             for i in range(self.n):
                 self.ports.append(free_port())
+                if self.kv_events:
+                    self.kv_ports.append((free_port(), free_port()))
                 self.procs.append(self._spawn(i))
             for i in range(self.n):
                 self._wait_ready(i, t0 + self.startup_timeout)
@@ -222,7 +250,9 @@ class VllmFleet:
 
     def _spawn(self, i: int) -> subprocess.Popen[bytes]:
         with open(self.log_path(i), "ab") as log:
-            return subprocess.Popen(self.command(self.ports[i]), stdout=log,
+            kv = (["--kv-events-config", json.dumps(self.kv_events_config(i))]
+                  if self.kv_events else [])
+            return subprocess.Popen([*self.command(self.ports[i]), *kv], stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=self.environ(i), start_new_session=True)
 
@@ -278,6 +308,7 @@ class VllmFleet:
             self._reap(i)
         self.procs = []
         self.ports = []
+        self.kv_ports = []
 
     def alive(self, i: int) -> bool:
         return bool(self.procs) and self.procs[i].poll() is None

@@ -39,7 +39,7 @@ skips the reference counts altogether.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, filterfalse, islice, repeat
 from operator import is_
@@ -168,6 +168,9 @@ class PrefixCache:
         if num_blocks is not None:
             self._hash = [None] * num_blocks
             self._free = OrderedDict.fromkeys(range(num_blocks))
+        # Told the hashes that leave the cache by eviction, in order (None: nobody listens);
+        # the simulated replica's KV-event journal (BlockRemoved).
+        self.on_evict: Callable[[list[int]], None] | None = None
         self.hits = 0  # tokens, as vLLM's prefix_cache_hits counter
         self.queries = 0  # tokens, as vLLM's prefix_cache_queries counter
         self.evictions = 0
@@ -233,6 +236,8 @@ class PrefixCache:
             # pop(None, None) is a no-op for the blocks that held nothing.
             _drain(map(self._cached.pop, cast("list[int]", olds), repeat(None)))
             _drain(map(hashd.__setitem__, taken, repeat(None)))
+            if self.on_evict is not None:
+                self.on_evict([h for h in olds if h is not None])
 
     def _new_blocks(self, need: int) -> list[int]:
         """Unbounded pool: ``need`` uncached blocks, recycled (last freed first) or new."""
@@ -368,6 +373,25 @@ class PrefixCache:
             elif self._hash[bid] is None:
                 self._spare.append(bid)
 
+    def reset(self) -> bool:
+        """Forget every cached block (vLLM's ``reset_prefix_cache``): no later request hits.
+
+        Refused (False, nothing changed) while a request pins blocks, as vLLM refuses while
+        blocks are held. The free queue keeps its order; ``evictions`` does not count the reset.
+        """
+        if self._ref:
+            return False
+        self._cached.clear()
+        n = len(self._hash)
+        self._hash = [None] * n
+        if self.num_blocks is None:
+            self._spare = list(range(n))
+        return True
+
+    def cached_hashes(self) -> list[int]:
+        """The hashes of every cached block, in no particular order (for checks and tests)."""
+        return list(self._cached)
+
     def _recycle(self, blocks: list[int]) -> None:
         """Unbounded pool: the uncached ones of freed ``blocks`` become spare, tail first."""
         rev = blocks[::-1]
@@ -431,12 +455,16 @@ class PrefixCache:
             hashd = self._hash
             upto = min(len(hashes), nhit + need)
             if need <= _SMALL:
+                gone: list[int] = []
                 for bid in taken:
                     old = hashd[bid]
                     if old is not None:
                         self.evictions += 1
                         del cached[old]
                         hashd[bid] = None
+                        gone.append(old)
+                if gone and self.on_evict is not None:
+                    self.on_evict(gone)
                 for i in range(nhit, upto):
                     h = hashes[i]
                     if h not in cached:
@@ -471,6 +499,8 @@ class PrefixCache:
         if evicted:
             self.evictions += evicted
             _drain(map(cached.pop, cast("list[int]", olds), repeat(None)))
+            if self.on_evict is not None:
+                self.on_evict([h for h in olds if h is not None])
         m = len(hashes)
         blocks = taken[:m]
         kept = list(map(cached.setdefault, hashes, blocks))

@@ -3,6 +3,8 @@
 ``GET /admin/stats``     counters, in-flight request ids, queue state, the current fault spec
 ``POST /admin/fault``    replace the fault spec with a JSON `FaultSpec` (``{}`` clears it)
 ``DELETE /admin/fault``  clear all faults (reopens a refused listener)
+``GET /admin/kv_blocks`` the hashes of every block in the prefix cache, as KV events carry them
+                         (the truth a subscriber's index is checked against)
 
 Served only to loopback peers (others get 403) and only on a loopback listener: the
 ``--admin-port`` listener (always bound to 127.0.0.1), or the main one when it is itself bound to
@@ -48,6 +50,8 @@ class AdminTarget(Protocol):
 
     def admin_stats(self) -> dict[str, Any]: ...
 
+    def kv_blocks(self) -> dict[str, Any]: ...
+
     def set_faults(self, spec: FaultSpec) -> None: ...
 
     def exit_process(self, code: int) -> None: ...
@@ -74,6 +78,8 @@ async def handle(replica: AdminTarget, scope: Scope, receive: Receive, send: Sen
     method, path = scope["method"], scope["path"]
     if (method, path) == ("GET", "/admin/stats"):
         await replica.send_json(send, replica.admin_stats())
+    elif (method, path) == ("GET", "/admin/kv_blocks"):
+        await replica.send_json(send, replica.kv_blocks())
     elif path == "/admin/fault" and method in ("POST", "DELETE"):
         try:
             body = await read_body(receive, MAX_BODY) if method == "POST" else b""
@@ -89,7 +95,7 @@ async def handle(replica: AdminTarget, scope: Scope, receive: Receive, send: Sen
         if spec.exit:
             # After the answer is flushed: the caller learns the fault was accepted.
             asyncio.get_running_loop().call_later(0.05, replica.exit_process, spec.exit_code)
-    elif path in ("/admin/stats", "/admin/fault"):
+    elif path in ("/admin/stats", "/admin/fault", "/admin/kv_blocks"):
         await replica.send_error(send, ApiError(405, f"{method} not allowed on {path}"))
     else:
         await replica.send_error(send, ApiError(404, f"{path} not found", "NotFoundError"))

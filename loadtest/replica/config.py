@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .kv_config import parse_kv_events_config
+
 
 def _opt(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
@@ -66,6 +68,10 @@ class ReplicaConfig:
         None, "close the connection abruptly after K stream chunks")
     fault_exit_after: int | None = _opt(None, "exit the process when request N arrives")
     log_level: str = _opt("warning", f"log level ({', '.join(LOG_LEVELS)})")
+    kv_events_config: str | None = _opt(
+        None, "publish KV cache events as vLLM does: the JSON of vLLM's --kv-events-config, e.g. "
+              '\'{"enable_kv_cache_events": true, "publisher": "zmq", '
+              '"endpoint": "tcp://*:5557", "topic": "kv"}\' (docs/kv-events.md)')
 
     def __post_init__(self) -> None:
         checks = {
@@ -87,6 +93,8 @@ class ReplicaConfig:
         for key, ok in checks.items():
             if not ok:
                 raise ValueError(f"{key}: invalid value {getattr(self, key)!r}")
+        if self.kv_events_config is not None:
+            parse_kv_events_config(self.kv_events_config)  # ValueError naming the bad key
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ReplicaConfig)}

@@ -26,6 +26,13 @@ admission and is never preempted. Cost per step: O(running + admitted) plus hash
 filled block once.
 
 ``Engine.serve_instant`` is the no-timing path: allocate, count, cache, free, all at once.
+
+KV cache events (``events``, a `BlockEvents`; None: off): every change of the block pool is
+reported in the order it happens — blocks registered by a request (``stored``: their hashes, the
+hash before them, their token ids, the request's adapter), hashes evicted (``removed``, told by
+the pool itself) and a reset (``cleared``) — and ``flush`` closes the batch at the end of every
+engine step (of every instant request; of an abort or a reset outside a step). Replaying the
+reported changes onto an empty set yields exactly the pool's cached hashes after each flush.
 """
 
 from __future__ import annotations
@@ -71,6 +78,19 @@ class EngineLimits:
     max_model_len: int = 32768
     preempt: bool = True
     max_loras: int = 1   # distinct adapters one step can run (vLLM --max-loras)
+
+
+class BlockEvents(Protocol):
+    """Where the engine reports its block pool's changes (``loadtest.replica.kv_events``)."""
+
+    def stored(self, hashes: Sequence[int], parent: int | None, token_ids: Sequence[int],
+               lora: str | None) -> None: ...
+
+    def removed(self, hashes: list[int]) -> None: ...
+
+    def cleared(self) -> None: ...
+
+    def flush(self) -> None: ...
 
 
 class Observer(Protocol):
@@ -191,11 +211,16 @@ class Engine:
 
     def __init__(self, limits: EngineLimits, timing: TimingModel,
                  observer: Observer | None = None,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None,
+                 events: BlockEvents | None = None) -> None:
         self.limits = limits
         self._clock = clock
         self.timing = timing
         self.cache = PrefixCache(limits.kv_blocks, limits.block_size)
+        self.events = events
+        if events is not None:
+            self.cache.on_evict = events.removed
+        self._stepping = False   # inside an engine step: its end flushes the events
         self.observer: Observer = observer or _NullObserver()
         self.stats = EngineStats()
         self.slow = 1.0   # fault injection: multiplies every step's duration
@@ -282,8 +307,12 @@ class Engine:
         elif len(hashes) > full:
             hashes = hashes[:full]
         cache = self.cache
+        stored = None   # the range of hashes registered: (start, end)
         if not self.running:
+            # Nothing pinned, so the pool holds the request (it passed _check): it registers
+            # every block past its hit.
             hit = cache.insert(hashes, total, record=False, hit_limit=cap)
+            stored = (hit // bs, len(hashes))
         else:
             capped = hashes[:cap]
             alloc = cache.allocate(capped, total, record=False)
@@ -291,8 +320,17 @@ class Engine:
                 hit = cache.cached_prefix_tokens(capped, n)
             else:
                 hit = alloc.hit_tokens
+                start = alloc.cached_upto
                 cache.cache_full_blocks(alloc, hashes)
                 cache.free(alloc)
+                stored = (start, alloc.cached_upto)
+        if self.events is not None:
+            if stored is not None and stored[1] > stored[0]:
+                a, b = stored
+                ids = prompt[a * bs:b * bs] if b * bs <= n else [
+                    *prompt[a * bs:], *_output_ids(req.output_ids, 0, req.max_tokens)][:(b - a) * bs]
+                self.events.stored(hashes[a:b], hashes[a - 1] if a else None, ids, req.lora)
+            self.events.flush()
         st = self.stats
         st.queries += n
         st.hits += hit
@@ -316,6 +354,19 @@ class Engine:
                 pass
         self.stats.aborts += 1
         seq.changed.set()
+        if self.events is not None and not self._stepping:
+            self.events.flush()
+        return True
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (vLLM's ``POST /reset_prefix_cache``); False while a
+        request holds blocks (vLLM refuses then too)."""
+        if not self.cache.reset():
+            return False
+        if self.events is not None:
+            self.events.cleared()
+            if not self._stepping:
+                self.events.flush()
         return True
 
     @property
@@ -345,9 +396,16 @@ class Engine:
     def _register(self, seq: _Seq) -> None:
         """Make the request's computed full blocks reusable by later requests."""
         alloc = seq.alloc
-        full = seq.computed // self.limits.block_size
+        bs = self.limits.block_size
+        full = seq.computed // bs
         if alloc is not None and full > alloc.cached_upto:
-            self.cache.cache_full_blocks(alloc, self._hashes_upto(seq, seq.computed)[:full])
+            start = alloc.cached_upto
+            hashes = self._hashes_upto(seq, seq.computed)
+            self.cache.cache_full_blocks(alloc, hashes[:full])
+            end = alloc.cached_upto
+            if self.events is not None and end > start:
+                self.events.stored(hashes[start:end], hashes[start - 1] if start else None,
+                                   seq.ids[start * bs:end * bs], seq.req.lora)
 
     def _release(self, seq: _Seq) -> None:
         assert seq.alloc is not None
@@ -490,6 +548,12 @@ class Engine:
                 await self._wake.wait()
                 continue
             self.stats.steps += 1
-            await asyncio.sleep(self.timing.step_seconds(plan.prefill_tokens, plan.decoding,
-                                                         self.slow, plan.lora_loads))
-            self.apply(plan, self._now())
+            self._stepping = True
+            try:
+                await asyncio.sleep(self.timing.step_seconds(plan.prefill_tokens, plan.decoding,
+                                                             self.slow, plan.lora_loads))
+                self.apply(plan, self._now())
+            finally:
+                self._stepping = False
+                if self.events is not None:
+                    self.events.flush()   # one batch per engine step, as vLLM publishes

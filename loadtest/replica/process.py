@@ -101,8 +101,13 @@ def _listen_socket(host: str, port: int) -> socket.socket:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        serve(from_namespace(args))
-    except CannotListen as exc:
+        config = from_namespace(args)
+    except ValueError as exc:  # an invalid option value, named by ReplicaConfig
+        print(f"prefix-loadtest replica {args.name}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        serve(config)
+    except (CannotListen, OSError) as exc:  # a taken port (HTTP or KV events)
         print(f"prefix-loadtest replica {args.name}: {exc}", file=sys.stderr)
         return 1
     return 0

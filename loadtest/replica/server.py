@@ -8,8 +8,13 @@ its tokens. The response is vLLM's shape (OpenAI chunks over SSE ending with ``d
 aborts its request in the engine (queue slot or KV blocks released at once).
 
 Routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/health``, ``/metrics``,
-``/tokenize``, ``/version``, sglang-router's ``/server_info`` and ``/model_info`` (also under
-``/get_*``), and the loopback-only ``/admin/*`` (see `admin`).
+``/tokenize``, ``/version``, ``/reset_prefix_cache`` (vLLM's dev-mode route), sglang-router's
+``/server_info`` and ``/model_info`` (also under ``/get_*``), and the loopback-only ``/admin/*``
+(see `admin`).
+
+With ``--kv-events-config`` enabling it, the engine's block pool publishes vLLM's KV cache events
+(`kv_events`, `kv_publisher`; docs/kv-events.md); the publisher starts with the replica and stops
+at lifespan shutdown (or `close()`).
 """
 
 from __future__ import annotations
@@ -43,8 +48,9 @@ from .asgi import (
     wait_disconnect,
 )
 from .config import ReplicaConfig
-from .engine import Engine, EngineLimits, EngineRequest, RequestHandle, Usage
+from .engine import BlockEvents, Engine, EngineLimits, EngineRequest, RequestHandle, Usage
 from .faults import Action, Faults, FaultSpec
+from .kv_config import parse_kv_events_config
 from .metrics import CONTENT_TYPE, CacheConfig, LoraConfig, ReplicaMetrics, Snapshot
 from .openai_api import ApiError, Envelope, Job, Kind
 from .prompts import Prompter, renderer_for
@@ -88,6 +94,7 @@ class Replica:
             config.model, self.snapshot,
             CacheConfig(block_size=config.block_size, num_gpu_blocks=config.kv_blocks),
             LoraConfig(config.max_lora) if config.lora else None)
+        self.kv_publisher: Any = None   # kv_publisher.ZmqPublisher when KV events are on
         self.engine = Engine(
             EngineLimits(block_size=config.block_size, kv_blocks=config.kv_blocks,
                          max_num_seqs=config.max_num_seqs,
@@ -97,7 +104,7 @@ class Replica:
             TimingModel(step_ms=config.step_ms, prefill_us_per_token=config.prefill_us_per_token,
                         decode_us_per_seq=config.decode_us_per_seq, speed=config.speed,
                         lora_load_ms=config.lora_load_ms),
-            observer=self.metrics)
+            observer=self.metrics, events=self._kv_events(config))
         self.faults = Faults(fault_spec_of(config), seed=config.seed)
         self.engine.slow = self.faults.spec.slow
         self.requests = 0
@@ -118,6 +125,7 @@ class Replica:
             ("GET", "/metrics"): self._metrics,
             ("POST", "/tokenize"): self._tokenize,
             ("GET", "/version"): self._version,
+            ("POST", "/reset_prefix_cache"): self._reset_prefix_cache,
             ("GET", "/server_info"): self._server_info,
             ("GET", "/get_server_info"): self._server_info,
             ("GET", "/model_info"): self._model_info,
@@ -127,6 +135,29 @@ class Replica:
         self._sse_headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
                              (b"cache-control", b"no-cache"), *self._headers]
         self._bearer = f"Bearer {config.api_key}".encode() if config.api_key else None
+
+    def _kv_events(self, config: ReplicaConfig) -> BlockEvents | None:
+        """The engine's event journal and its publisher, when KV events are on (binds the
+        sockets now: a taken port fails the replica at start, as it fails vLLM)."""
+        if config.kv_events_config is None:
+            return None
+        kv = parse_kv_events_config(config.kv_events_config)
+        if not kv.publishes:
+            return None
+        from .kv_events import EventJournal, lora_ids  # pyzmq and msgpack only when on
+        from .kv_publisher import ZmqPublisher
+
+        self.kv_publisher = ZmqPublisher(kv)
+        return EventJournal(self.kv_publisher, config.block_size, lora_ids(config.lora))
+
+    async def _shutdown(self) -> None:
+        await self.engine.stop()
+        self.close()
+
+    def close(self) -> None:
+        """Stop the KV-event publisher (its thread and sockets); idempotent."""
+        if self.kv_publisher is not None:
+            self.kv_publisher.close()
 
     # -- state -----------------------------------------------------------------------------------
     @property
@@ -172,7 +203,14 @@ class Replica:
             "kv_cache_usage": e.kv_usage,
             "steps": e.stats.steps,
             "faults": self.faults.spec.to_json(),
+            "kv_events": self.kv_publisher.stats() if self.kv_publisher is not None else None,
         }
+
+    def kv_blocks(self) -> dict[str, Any]:
+        """``GET /admin/kv_blocks``: every cached block's hash in KV events' form (uint64)."""
+        mask = (1 << 64) - 1
+        return {"block_size": self.config.block_size,
+                "hashes": sorted(h & mask for h in self.engine.cache.cached_hashes())}
 
     def set_faults(self, spec: FaultSpec) -> None:
         self.faults.set(spec)
@@ -194,7 +232,7 @@ class Replica:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "lifespan":
-            await serve_lifespan(receive, send, self._startup, self.engine.stop)
+            await serve_lifespan(receive, send, self._startup, self._shutdown)
             return
         if kind != "http":
             return
@@ -402,6 +440,11 @@ class Replica:
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_bytes(send, 200, self.metrics.render(),
                          [(b"content-type", CONTENT_TYPE.encode()), *self._headers])
+
+    async def _reset_prefix_cache(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's ``POST /reset_prefix_cache``: ``{"success": false}`` while requests hold
+        blocks; a success publishes ``AllBlocksCleared``."""
+        await self.send_json(send, {"success": self.engine.reset_prefix_cache()})
 
     async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.send_json(send, {"version": "sim"})

@@ -12,6 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from loadtest.replica.kv_config import is_bind_endpoint, parse_kv_events_config
 from router.settings import Settings
 from tests.deploy.kustomize import find, kubectl, normalise, render_python
 from tests.deploy.kustomize import render as _render
@@ -176,8 +177,18 @@ def test_example_wires_router_to_the_vllm_statefulset(example: list[dict[str, An
     assert all(pod["metadata"]["labels"].get(k) == v
                for k, v in vllm_rule["to"][0]["podSelector"]["matchLabels"].items())
     assert c["ports"][0]["containerPort"] in [p["port"] for p in vllm_rule["ports"]]
-    text = (DEPLOY / "examples/vllm/vllm-statefulset.yaml").read_text()
-    assert re.search(r"#\s*-\s*--kv-events-config", text)  # commented, for later
+    # KV cache events on: vLLM's flag parses as vLLM would read it, it binds the ports the pod
+    # declares, the headless Service names them and the router may reach them
+    (flag,) = [a for a in c["args"] if a.startswith("--kv-events-config=")]
+    kv = parse_kv_events_config(flag.split("=", 1)[1])
+    assert kv.publishes and is_bind_endpoint(kv.endpoint) and kv.replay_endpoint is not None
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["kv-events"] == int(kv.endpoint.rsplit(":", 1)[1])
+    assert ports["kv-replay"] == int(kv.replay_endpoint.rsplit(":", 1)[1])
+    by_name = {p["name"]: p for p in service["spec"]["ports"]}
+    for name in ("kv-events", "kv-replay"):
+        assert by_name[name]["targetPort"] == name and by_name[name]["port"] == ports[name]
+        assert ports[name] in [p["port"] for p in vllm_rule["ports"]]
 
 
 def test_multi_model_example_has_one_service_per_model_and_the_router_selects_them() -> None:

@@ -58,8 +58,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 @pytest.fixture(scope="session")
 def _fleet(vllm_env: VllmEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmFleet]:
     log_dir = os.environ.get("PREFIX_ROUTER_VLLM_LOG_DIR") or tmp_path_factory.mktemp("vllm-logs")
+    # KV cache events on (tests/vllm/test_kv_events.py subscribes; fleet.kv_endpoints)
     fleet = VllmFleet(n=2, model_dir=vllm_env.model_dir, venv=vllm_env.venv, block_size=32,
-                      served_model_name=MODEL, log_dir=log_dir)
+                      served_model_name=MODEL, log_dir=log_dir, kv_events=True)
     with fleet:
         print(f"\nvLLM fleet up in {fleet.startup_seconds:.1f}s: {fleet.urls} (logs {log_dir})")
         yield fleet
