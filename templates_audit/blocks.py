@@ -168,9 +168,11 @@ class PrefixCache:
         if num_blocks is not None:
             self._hash = [None] * num_blocks
             self._free = OrderedDict.fromkeys(range(num_blocks))
-        # Told the hashes that leave the cache by eviction, in order (None: nobody listens);
-        # the simulated replica's KV-event journal (BlockRemoved).
+        # Told the hashes that leave the cache by eviction and the hashes that enter it, in
+        # order (None: nobody listens): the simulated replica's KV-event journal. A hash that is
+        # already cached (kept in its first block) is not told again.
         self.on_evict: Callable[[list[int]], None] | None = None
+        self.on_store: Callable[[list[int]], None] | None = None
         self.hits = 0  # tokens, as vLLM's prefix_cache_hits counter
         self.queries = 0  # tokens, as vLLM's prefix_cache_queries counter
         self.evictions = 0
@@ -332,10 +334,15 @@ class PrefixCache:
         hashd = self._hash
         if kept == blocks:
             _drain(map(hashd.__setitem__, blocks, hashes))
+            if self.on_store is not None:
+                self.on_store(list(hashes))
             return
         for h, bid, first in zip(hashes, blocks, kept, strict=True):
             if first == bid:
                 hashd[bid] = h
+        if self.on_store is not None:
+            self.on_store([h for h, bid, first in zip(hashes, blocks, kept, strict=True)
+                           if first == bid])
 
     def cache_full_blocks(self, alloc: Allocation, hashes: Sequence[int]) -> None:
         """Register the computed full blocks of ``alloc`` (prompt and generated) for reuse."""
@@ -465,12 +472,16 @@ class PrefixCache:
                         gone.append(old)
                 if gone and self.on_evict is not None:
                     self.on_evict(gone)
+                new: list[int] = []
                 for i in range(nhit, upto):
                     h = hashes[i]
                     if h not in cached:
                         bid = taken[i - nhit]
                         cached[h] = bid
                         hashd[bid] = h
+                        new.append(h)
+                if new and self.on_store is not None:
+                    self.on_store(new)
                 move = free.move_to_end
                 for bid in reversed(taken):
                     move(bid)
@@ -506,9 +517,14 @@ class PrefixCache:
         kept = list(map(cached.setdefault, hashes, blocks))
         if kept == blocks:
             _drain(map(hashd.__setitem__, blocks, hashes))
+            if self.on_store is not None:
+                self.on_store(list(hashes))
         else:  # some hashes were already cached or repeated: their blocks stay empty
             for h, bid, first in zip(hashes, blocks, kept, strict=True):
                 hashd[bid] = h if first == bid else None
+            if self.on_store is not None:
+                self.on_store([h for h, bid, first in zip(hashes, blocks, kept, strict=True)
+                               if first == bid])
         if len(taken) > m:
             _drain(map(hashd.__setitem__, taken[m:], repeat(None)))
 

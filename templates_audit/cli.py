@@ -143,6 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("prefix-audit: interrupted; reporting what was read", file=sys.stderr)
     progress.close()
     report = auditor.report()
+    why = getattr(tokenizer, "fallback", lambda: "")()
+    if why:  # the report is as exact, only slower to get
+        print(f"prefix-audit: note: prompts were encoded whole ({why})", file=sys.stderr)
 
     color = args.color if args.color is not None else (
         sys.stdout.isatty() and "NO_COLOR" not in os.environ)

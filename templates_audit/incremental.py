@@ -400,10 +400,14 @@ class IncrementalEncoder:
         added = self.rules.added
         if added.single_word or added.lmax == 0:
             return None
-        n = len(text)
+        # No scan of the rest of a long text: a split whose token starts within the reach is
+        # found in text[:stop] as in the whole text (literal patterns of at most lmax
+        # characters), and one found starting past the reach is refused either way. A token
+        # that strips whitespace on its left can start a split before its match: search all.
+        stop = len(text) if added.lstrip else min(len(text), c + _ADDED_REACH + added.lmax)
         pos = b
         while True:  # the splits the library chooses from b on, up to the first one after c
-            found = added.next_split(text, pos, n)
+            found = added.next_split(text, pos, stop)
             if found is None or found[0] - c > _ADDED_REACH:
                 return None
             s, e = found
@@ -696,10 +700,11 @@ class _PrefixIndex:
         if size > self.budget:
             return
         prefix = self._prefix
-        keys = [d for d in digests if d not in prefix]  # the oldest entry keeps a digest
-        prefix.update(dict.fromkeys(keys, enc))
+        # The newest entry owns a digest: a conversation's next turn finds the turn before it
+        # (the longest text it extends), not the first turn that reached that grid point.
+        prefix.update(dict.fromkeys(digests, enc))
         self._whole[whole] = enc
-        enc._keys = [*keys, ~whole]
+        enc._keys = [*digests, ~whole]
         self._lru[enc] = None
         self.tokens += size
         while self.tokens > self.budget:

@@ -370,6 +370,19 @@ class HFTokenizer:
         e = self.encoded(text)
         return list(e.ids), e.starts.tolist()
 
+    def fallback(self) -> str:
+        """Why prompts are encoded whole rather than spliced ("" when splicing is on): the
+        tokenizer's rules prove no cut (:func:`.tokenizer_rules.analyse`, level 0), or a safety
+        check found a splice that disagreed with the library and turned splicing off."""
+        inc = self.incremental
+        if inc is None:
+            return ""
+        if inc.disabled:
+            return inc.disabled
+        if inc.rules.level == 0:
+            return f"no cut of this tokenizer ({inc.rules.family}) is proven: {inc.rules.reason}"
+        return ""
+
     def chat_template(self) -> str | None:
         """The chat template from a ``tokenizer_config.json`` next to the tokenizer, if any."""
         cfg = os.path.join(os.path.dirname(self.path), "tokenizer_config.json")

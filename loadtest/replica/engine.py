@@ -28,11 +28,14 @@ filled block once.
 ``Engine.serve_instant`` is the no-timing path: allocate, count, cache, free, all at once.
 
 KV cache events (``events``, a `BlockEvents`; None: off): every change of the block pool is
-reported in the order it happens — blocks registered by a request (``stored``: their hashes, the
-hash before them, their token ids, the request's adapter), hashes evicted (``removed``, told by
-the pool itself) and a reset (``cleared``) — and ``flush`` closes the batch at the end of every
-engine step (of every instant request; of an abort or a reset outside a step). Replaying the
-reported changes onto an empty set yields exactly the pool's cached hashes after each flush.
+reported in the order it happens — blocks a request registers (``stored``, one call per run of
+consecutive new blocks: their hashes, the hash before them, their token ids, the request's
+adapter; a block whose hash another block already holds is not registered, so not reported),
+hashes evicted (``removed``) and a reset (``cleared``) — and ``flush`` closes the batch at the end
+of every engine step (of every instant request; of an abort or a reset outside a step). Every
+``stored`` hash is absent from the pool just before and every ``removed`` one present, so
+replaying the changes onto an empty set — or onto per-hash counts — yields exactly the pool's
+cached hashes after each flush.
 """
 
 from __future__ import annotations
@@ -218,8 +221,10 @@ class Engine:
         self.timing = timing
         self.cache = PrefixCache(limits.kv_blocks, limits.block_size)
         self.events = events
+        self._fresh: list[int] = []   # hashes the pool registered during the current call
         if events is not None:
             self.cache.on_evict = events.removed
+            self.cache.on_store = self._fresh.extend
         self._stepping = False   # inside an engine step: its end flushes the events
         self.observer: Observer = observer or _NullObserver()
         self.stats = EngineStats()
@@ -327,9 +332,10 @@ class Engine:
         if self.events is not None:
             if stored is not None and stored[1] > stored[0]:
                 a, b = stored
-                ids = prompt[a * bs:b * bs] if b * bs <= n else [
-                    *prompt[a * bs:], *_output_ids(req.output_ids, 0, req.max_tokens)][:(b - a) * bs]
-                self.events.stored(hashes[a:b], hashes[a - 1] if a else None, ids, req.lora)
+                ids = prompt if b * bs <= n else [
+                    *prompt, *_output_ids(req.output_ids, 0, req.max_tokens)]
+                self._report_stored(hashes, a, b, ids, req.lora)
+            self._fresh.clear()
             self.events.flush()
         st = self.stats
         st.queries += n
@@ -402,10 +408,30 @@ class Engine:
             start = alloc.cached_upto
             hashes = self._hashes_upto(seq, seq.computed)
             self.cache.cache_full_blocks(alloc, hashes[:full])
-            end = alloc.cached_upto
-            if self.events is not None and end > start:
-                self.events.stored(hashes[start:end], hashes[start - 1] if start else None,
-                                   seq.ids[start * bs:end * bs], seq.req.lora)
+            if self.events is not None:
+                self._report_stored(hashes, start, alloc.cached_upto, seq.ids, seq.req.lora)
+
+    def _report_stored(self, hashes: Sequence[int], a: int, b: int, ids: Sequence[int],
+                       lora: str | None) -> None:
+        """Report the blocks of ``hashes[a:b]`` the pool just registered (``_fresh``), one
+        ``stored`` per run of consecutive ones; ``ids`` are the request's token ids."""
+        assert self.events is not None
+        fresh = set(self._fresh)
+        self._fresh.clear()
+        if not fresh:
+            return
+        bs = self.limits.block_size
+        i = a
+        while i < b:
+            if hashes[i] not in fresh:
+                i += 1
+                continue
+            j = i + 1
+            while j < b and hashes[j] in fresh:
+                j += 1
+            self.events.stored(hashes[i:j], hashes[i - 1] if i else None, ids[i * bs:j * bs],
+                               lora)
+            i = j
 
     def _release(self, seq: _Seq) -> None:
         assert seq.alloc is not None

@@ -53,11 +53,14 @@ def _signed(h: int) -> int:
 
 
 def apply(state: set[int], batch: EventBatch) -> None:
-    """What a subscriber's index does with a batch: the set of cached block hashes."""
+    """What a subscriber's index does with a batch: the set of cached block hashes. Exact: a
+    stored hash is new and a removed one present, so per-hash counts would agree with the set."""
     for event in batch.events:
         if isinstance(event, BlockStored):
+            assert not state & set(event.block_hashes), "a hash announced twice"  # type: ignore[arg-type]
             state.update(event.block_hashes)  # type: ignore[arg-type]
         elif isinstance(event, BlockRemoved):
+            assert set(event.block_hashes) <= state, "a hash removed that was not stored"  # type: ignore[arg-type]
             state.difference_update(event.block_hashes)
         else:
             state.clear()
@@ -158,6 +161,33 @@ def test_timed_engine_with_preemption_publishes_one_batch_per_step() -> None:
         for e in b.events:
             if isinstance(e, BlockStored):
                 check_stored(e, 4)
+    assert rec.state == pool(engine)
+
+
+def test_a_hash_already_cached_is_not_announced_again() -> None:
+    # instant: a repeated prompt's hit is capped below its last token, so its last full block is
+    # registered again - into no new block: nothing to announce
+    engine, rec = make_engine(kv_blocks=32)
+    engine.serve_instant(EngineRequest("a", list(range(8)), 1))
+    engine.serve_instant(EngineRequest("b", list(range(8)), 1))
+    stored = [e for b in rec.batches for e in b.events if isinstance(e, BlockStored)]
+    assert [len(e.block_hashes) for e in stored] == [2]
+
+    # timed: two requests with one prompt admitted in the same step compute the same blocks;
+    # the pool keeps the first copy and only it is announced
+    engine, rec = make_engine(kv_blocks=32)
+
+    async def run() -> None:
+        engine.start()
+        handles = [engine.submit(EngineRequest(r, list(range(100, 117)), 3)) for r in "cd"]
+        for h in handles:
+            await h.wait()
+        await engine.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 30))
+    hashes = [h for b in rec.batches for e in b.events if isinstance(e, BlockStored)
+              for h in e.block_hashes]
+    assert len(hashes) == len(set(hashes)) == len(pool(engine)) == 4  # 17 + 2 computed tokens
     assert rec.state == pool(engine)
 
 
@@ -390,7 +420,8 @@ def test_lora_reset_and_token_ids(kv_replica: Callable[..., tuple[str, Subscribe
 
 def test_a_malformed_replay_request_is_ignored(kv_replica: Callable[..., tuple[str, Subscriber]]) -> None:
     url, sub = kv_replica(kv_blocks=32, block_size=4)
-    wait_subscribed(sub, lambda: complete(url, list(range(9))))
+    n = iter(range(1000))  # a new prompt per poke: a repeated one stores no new block
+    wait_subscribed(sub, lambda: complete(url, [next(n)] * 9))
     dealer = sub.ctx.socket(zmq.DEALER)
     dealer.connect(sub.replay_endpoint)
     dealer.send_multipart([b"", b"x", b"y"])  # four frames at the ROUTER: not a request

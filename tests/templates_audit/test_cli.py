@@ -126,14 +126,31 @@ def test_hf_tokenizer(tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     path = tmp_path / "tokenizer.json"
     tok.save(str(path))
-    code, out, _ = run([str(trace), "--tokenizer", str(path), "--format", "json"], capsys)
+    code, out, err = run([str(trace), "--tokenizer", str(path), "--format", "json"], capsys)
     doc = json.loads(out)
     assert code == 0 and doc["summary"]["tokenizer"].startswith("hf:")
+    assert "encoded whole" not in err  # WordLevel + Whitespace: cuts are proven
     assert [f["kind"] for f in doc["findings"]] == ["date"]
     # the cross-check: every prompt encoded whole gives the same report
     code, whole, _ = run([str(trace), "--tokenizer", str(path), "--format", "json",
                           "--full-encode"], capsys)
     assert code == 0 and whole == out
+
+
+def test_a_tokenizer_without_proven_cuts_is_noted(tmp_path: Path, trace: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """BPE with dropout: no cut is proven, so every prompt is encoded whole by the library, and
+    the CLI says why on stderr."""
+    pytest.importorskip("tokenizers")
+    from tests.templates_audit.tokenizer_families import FAMILIES
+
+    spec = json.loads(FAMILIES["byte_level"]())
+    spec["model"]["dropout"] = 0.1
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    code, _, err = run([str(trace), "--tokenizer", str(path), "--format", "json"], capsys)
+    assert code == 0
+    assert "prompts were encoded whole (no cut of this tokenizer (BPE" in err
 
 
 def test_hf_tokenizer_text_it_cannot_encode_is_a_bad_line(tmp_path: Path, trace: Path,

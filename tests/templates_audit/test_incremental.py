@@ -51,6 +51,19 @@ PROMPTS = [
     # Mistral markers, non-ASCII prose, CRLF, a request id
     "<s>[INST] Réponds en français, naïvement.\r\nRequest-ID: 7f3a9c2e-1b4d\r\n"
     "東京の天気は？ 🎉 café résumé\n\n[/INST] D'accord.</s>[INST] merci [/INST]",
+    # a product assistant's system prompt: markdown sections, bullets, a timestamp, a tool
+    # schema, a few-shot turn and a user turn with numbers
+    "<|im_start|>system\n# Role\nYou are Nova, the shopping assistant of ACME Outdoor "
+    "(ACME Corp., est. 1998).\nCurrent time: 2025-05-20T14:03:27Z (UTC).\n\n## Rules\n"
+    "- Answer in the customer's language; keep it under 120 words.\n"
+    "- Never promise delivery dates; say \"usually 3-5 business days\".\n"
+    "- Prices: two decimals and the currency, e.g. $1,249.00 or 39,90 €.\n\n## Tools\n"
+    '{"name": "lookup_order", "description": "Find an order by id", "parameters": '
+    '{"type": "object", "properties": {"order_id": {"type": "string"}}, '
+    '"required": ["order_id"]}}\n<|im_end|>\n<|im_start|>user\nWhere is order #A-77812?'
+    "<|im_end|>\n<|im_start|>assistant\nLet me check order #A-77812 for you.<|im_end|>\n"
+    "<|im_start|>user\nAnd the 2 tents I returned on 12/05?<|im_end|>\n"
+    "<|im_start|>assistant\n",
 ]
 PIECES = ["", " ", "  ", "   ", "\n", "\n\n", "\r\n", "\r", "\t", "x", "The", " hello", "aBc",
           "12", "1234567", " 2025", "'s", "'RE", "é", "e\u0301", "\u0301", "東京", "🎉", "▁",
@@ -161,8 +174,10 @@ def test_prefix_index_evicts_oldest_and_its_digests() -> None:
     assert index.exact(whole, text) is None
     last, data, whole, text = entries[-1]
     assert index.exact(whole, text) is last
-    found = index.base(data)  # the oldest live entry owns the shared prefix digests
-    assert found is not None and found[0] is entries[3][0] and found[1] == 256
+    found = index.base(data)  # the newest entry owns the shared prefix digests
+    assert found is not None and found[0] is last and found[1] == 256
+    live = {id(entries[3][0]), id(last)}
+    assert {id(v) for v in index._prefix.values()} <= live  # no digest of an evicted entry
 
 
 def test_a_wrong_splice_is_caught_and_turns_splicing_off(monkeypatch: pytest.MonkeyPatch) -> None:
