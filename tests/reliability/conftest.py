@@ -243,7 +243,8 @@ class RouterProcess:
                     return False
                 raise RuntimeError(f"router exited with {self.proc.returncode}:\n{self.output()}")
             with contextlib.suppress(httpx.HTTPError, OSError):
-                if (listens(self.pid, self.port)
+                admin = (self.config.get("admin") or {}).get("port")
+                if (listens(self.pid, self.port) and (not admin or listens(self.pid, admin))
                         and httpx.get(self.url + "/health", timeout=0.5).status_code == 200):
                     return True
             time.sleep(0.05)
