@@ -112,6 +112,7 @@ PINNED: dict[str, list[str]] = {
     ],
     "router.tracing": ["ATTRIBUTES", "RequestTrace", "Tracing", "operation_name"],
     "router.usage": ["TAIL_BYTES", "Usage", "UsageTap", "parse_usage"],
+    "router.upstream": ["HIGH_WATER", "Origin", "Response", "UpstreamPool", "origin_of"],
 }  # fmt: skip
 
 
