@@ -30,8 +30,8 @@ import itertools
 import json
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -40,6 +40,8 @@ import yaml
 from loadtest.ceiling import Ceiling, fits, replay
 from loadtest.replica.engine import Engine, EngineError, EngineLimits, EngineRequest
 from loadtest.replica.timing import TimingModel
+from loadtest.sglang_model import NAME as SGLANG_MODEL
+from loadtest.sglang_model import SglangModel
 from loadtest.stats import max_over_mean, summarize
 from router.keys import KeyConfig
 from router.replicas import ReplicaSet, ReplicaState
@@ -47,7 +49,9 @@ from router.routing import Routed, Router
 from router.settings import RoutingSettings, Settings
 from templates_audit.blocks import block_hashes
 
-__all__ = ["SimConfig", "SimRequest", "SimResult", "add_arguments", "ceiling", "main",
+PRECISE = "cache_aware+kv"  # cache_aware with the precise index, fed by the engines' pools
+
+__all__ = ["PRECISE", "SimConfig", "SimRequest", "SimResult", "add_arguments", "ceiling", "main",
            "mooncake_requests", "simulate"]
 
 
@@ -101,6 +105,8 @@ class SimResult:
     ceiling: dict[str, Any] = field(default_factory=dict)  # `ceiling(requests, config)`
     rejected: int = 0  # requests longer than a replica's KV pool (a replica answers 400)
     holds: int = 0  # requests held until an earlier one's prefill of their prefix answered
+    # prompt tokens by why they were or were not a hit (`_Attribution`)
+    misses: dict[str, int] = field(default_factory=dict)
 
     @property
     def of_ceiling(self) -> float:
@@ -142,8 +148,19 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
     from router.discovery.base import Endpoint
 
     rset.update_membership([Endpoint(name=n, url=f"sim://{n}") for n in names])
-    # the app's routing entry point, one process
-    router = Router(config.routing_settings(), rset)
+    # the app's routing entry point, one process (or the model of sglang-router's policy)
+    router: Router | SglangModel
+    current: list[SimRequest] = []  # the arrival being routed (precise routing's keys)
+    if config.policy == SGLANG_MODEL:
+        router = SglangModel(rset)
+        hold_timeout = 0.0
+    elif config.policy == PRECISE:
+        router = _precise_router(config, rset, engines, current, lambda: clock[0])
+        hold_timeout = router.settings.hold_timeout
+    else:
+        router = Router(config.routing_settings(), rset)
+        hold_timeout = router.settings.hold_timeout
+    why = _Attribution()
     capacity = (config.kv_blocks or 0) * config.block_size  # what cache_config_info reports
     states: dict[str, ReplicaState] = {s.name: s for s in rset.states()}
 
@@ -161,7 +178,6 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
     seq_counter = itertools.count()
     rids = itertools.count()
     pending: dict[int, tuple[SimRequest, Routed, float]] = {}  # routed, not dispatched yet
-    hold_timeout = router.settings.hold_timeout
     holds = 0
     rejected = 0
     now = 0.0
@@ -191,6 +207,7 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
                 st.running, st.waiting = len(e.running), len(e.waiting)
                 st.kv_usage, st.kv_capacity = e.kv_usage, capacity
                 st.scraped_unstarted = st.unstarted
+            current[:] = [req]
             r_ = router.route(req.path, req.headers, req.key_body, next(seq_counter))
             if r_ is None:
                 continue
@@ -222,6 +239,7 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
                 continue
             arrivals[rid] = arrived
             routed[rid] = r_
+            why.dispatched(rid, name, engines, req, config.block_size)
             states[name].in_flight += 1  # what the proxy does around an attempt
             r_.started(states[name])
             if not busy[name]:
@@ -233,6 +251,7 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
                 rid = int(seq.req.request_id)
                 if seq.generated >= 1 and rid not in first:
                     first[rid] = now
+                    why.answered(rid, seq.cached_tokens)
                     routed[rid].served(states[name], 200)
                 if seq.done and rid not in done:
                     done[rid] = now
@@ -261,7 +280,72 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
         preemptions=sum(e.stats.preemptions for e in engines.values()),
         ceiling=ceiling(requests, config).to_json(),
         rejected=rejected,
+        misses=why.totals,
     )
+
+
+def _precise_router(config: SimConfig, rset: ReplicaSet, engines: dict[str, Engine],
+                    current: list[SimRequest], now: Callable[[], float]) -> Router:
+    """``cache_aware`` with the precise index (`router.kv_events`) fed by every engine's block
+    pool as it changes - KV events that arrive at once, none lost. The engines chain the
+    router's own block hash over the same token ids, so an engine hash is its router key; a
+    request's exact keys are its prompt's full-block hashes, up to the last token."""
+    from router.chunks import Chunks
+    from router.kv_events.index import KvIndex, PreciseIndex
+    from router.kv_events.wire import BlockRemoved
+    from router.prefix_index import ApproxIndex
+
+    settings = replace(config, policy="cache_aware").routing_settings()
+    precise = PreciseIndex(settings.kv_events.speculative_ttl, now)
+    index = KvIndex(ApproxIndex(settings.kv_capacity_tokens, settings.index_max_entries),
+                    precise)
+    bs = config.block_size
+    for name, eng in engines.items():
+        precise.set_live(name, True)
+        eng.cache.on_store = lambda hashes, name=name: precise.store(name, hashes, hashes)
+        eng.cache.on_evict = lambda hashes, name=name: precise.apply(
+            name, BlockRemoved(block_hashes=list(hashes)))
+
+    def exact(path: str, body: Any, pool: Any) -> Chunks:
+        req = current[0]
+        n = len(req.prompt_ids)
+        usable = max(0, (n - 1) // bs)
+        return Chunks(tuple(_hashes(req, bs)[:usable]),
+                      tuple(range(bs, (usable + 1) * bs, bs)), n)
+
+    return Router(settings, rset, index, exact)
+
+
+class _Attribution:
+    """Each request's prompt tokens split by cause, from the engines' true caches.
+
+    At dispatch: ``here`` = tokens the chosen replica holds, ``best`` = the most any replica
+    holds. At admission the engine reports the real hit ``hit``. Then ``hit`` (cached),
+    ``here - hit`` (evicted or not yet cached while queued: ``lost_queued``), ``best - here``
+    (a longer prefix sat on another replica: ``elsewhere``), ``prompt - max(best, hit)``
+    (cached nowhere in the fleet: ``cold``). Cost: O(replicas x blocks) per request.
+    """
+
+    def __init__(self) -> None:
+        self.totals: dict[str, int] = dict.fromkeys(("hit", "cold", "elsewhere", "lost_queued"), 0)
+        self._open: dict[int, tuple[int, int, int]] = {}
+
+    def dispatched(self, rid: int, name: str, engines: dict[str, Engine], req: SimRequest,
+                   block_size: int) -> None:
+        hashes, n = _hashes(req, block_size), len(req.prompt_ids)
+        held = {k: e.cache.cached_prefix_tokens(hashes, n) for k, e in engines.items()}
+        self._open[rid] = (n, held[name], max(held.values()))
+
+    def answered(self, rid: int, hit: int) -> None:
+        got = self._open.pop(rid, None)
+        if got is None:
+            return
+        n, here, best = got
+        t = self.totals
+        t["hit"] += hit
+        t["lost_queued"] += max(0, here - hit)
+        t["elsewhere"] += max(0, best - max(here, hit))
+        t["cold"] += max(0, n - max(best, hit))
 
 
 # -- inputs -----------------------------------------------------------------------------------
@@ -361,14 +445,44 @@ def mooncake_requests(
 def workload_requests(name: str, requests: int, seed: int, rate: float, **kw: Any) -> list[SimRequest]:
     """A named workload (``loadtest.workloads``) rendered and tokenised like the replica does."""
     from loadtest.workloads import WorkloadSpec, generate
+
+    # streamed, as the simulation answers: a response starts with its first token
+    return _sim_requests(generate(WorkloadSpec(name, requests=requests, seed=seed, rate=rate,
+                                               stream=True, **kw)))
+
+
+def bench_cell(name: str, replicas: int, seed: int = 0) -> tuple[list[SimRequest], SimConfig]:
+    """The requests and fleet of one `make bench` compare cell (`loadtest.cells.WORKLOADS` at
+    ``replicas``), replayed open-loop at the bench rate: the same prompts, arrival order and
+    replica sizes as the HTTP run, in virtual time (no client or proxy latency)."""
+    import tempfile
+    from pathlib import Path
+
+    from loadtest.cells import WORKLOADS, cell_requests
+    from loadtest.runner import scale_arrivals
+
+    chosen = [w for w in WORKLOADS if w.name == name]
+    if not chosen:
+        raise ValueError(f"no bench workload {name!r} (one of {', '.join(w.name for w in WORKLOADS)})")
+    w = chosen[0].at(replicas)
+    with tempfile.TemporaryDirectory(prefix="simcell-") as tmp:
+        reqs, _meta = cell_requests(w, seed, Path(tmp))
+    f = w.fleet
+    timing = TimingModel(step_ms=f.step_ms, prefill_us_per_token=f.prefill_us_per_token,
+                         decode_us_per_seq=f.decode_us_per_seq, speed=f.speed)
+    cfg = SimConfig(replicas=replicas, block_size=f.block_size, kv_blocks=f.kv_blocks,
+                    max_num_seqs=f.max_num_seqs, timing=timing)
+    return _sim_requests(scale_arrivals(reqs, w.rate)), cfg
+
+
+def _sim_requests(reqs: Any) -> list[SimRequest]:
     from templates_audit.render import ChatRenderer
     from templates_audit.tokenize import default_tokenizer
 
     tok = default_tokenizer()
     renderer = ChatRenderer()
     out = []
-    # streamed, as the simulation answers: a response starts with its first token
-    for r in generate(WorkloadSpec(name, requests=requests, seed=seed, rate=rate, stream=True, **kw)):
+    for r in reqs:
         if "messages" in r.body:
             text = renderer.render(r.body["messages"], r.body.get("tools"))
         else:
@@ -385,9 +499,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", help="Mooncake-format JSONL (timestamp ms, input_length, output_length, hash_ids)")
     src.add_argument("--workload", help="a named workload: shared-prefix, multi-turn, hot-prefix, volatile, rag, agent")
+    src.add_argument("--bench-cell", help="a `make bench` compare workload (shared-prefix, hot-prefix, "
+                     "multi-turn, mooncake, rag, agent) at --replicas, with its fleet and rate")
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--policy", action="append", default=None,
-                   help="cache_aware | prefix | round_robin | least_loaded (repeatable: compare several)")
+                   help="cache_aware | cache_aware+kv (precise routing, events with no delay) | "
+                        "prefix | round_robin | least_loaded | sglang_model "
+                        "(a model of sglang-router's cache_aware; repeatable: compare several)")
     p.add_argument("--requests", type=int, default=None, help="cap on requests (default: whole trace / 1000)")
     p.add_argument("--repeat", type=int, default=1, help="replay the trace N times (larger populations)")
     p.add_argument("--time-scale", type=float, default=1.0, help="trace seconds per simulated second (>1 = faster arrivals)")
@@ -415,7 +533,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         routing = {k: yaml.safe_load(v) for k, _, v in (o.partition("=") for o in args.routing)}
         for pol in policies:
-            SimConfig(policy=pol, routing=routing).routing_settings()
+            if pol != SGLANG_MODEL:
+                SimConfig(policy="cache_aware" if pol == PRECISE else pol,
+                          routing=routing).routing_settings()
     except (ValueError, yaml.YAMLError) as exc:
         print(f"prefix-loadtest simulate: {exc}", file=sys.stderr)
         return 2
@@ -429,26 +549,34 @@ def main(args: argparse.Namespace) -> int:
         except ValueError as exc:  # names the line
             print(f"prefix-loadtest simulate: bad trace line {exc}", file=sys.stderr)
             return 2
-    else:
+    base = SimConfig(replicas=args.replicas, block_size=args.block_size, kv_blocks=args.kv_blocks,
+                     max_num_seqs=args.max_num_seqs)
+    if args.bench_cell:
+        try:
+            reqs, base = bench_cell(args.bench_cell, args.replicas, args.seed)
+        except ValueError as exc:
+            print(f"prefix-loadtest simulate: {exc}", file=sys.stderr)
+            return 2
+    elif not args.trace:
         reqs = workload_requests(args.workload, args.requests or 1000, args.seed, args.rate)
     results = []
-    top = ceiling(reqs, SimConfig(replicas=args.replicas, block_size=args.block_size,
-                                  kv_blocks=args.kv_blocks))
+    top = ceiling(reqs, base)
     print(f"one-cache ceiling ({top.num_blocks} blocks, {top.requests} requests): hit rate "
           f"{top.hit_rate:.3f}")
     print(f"{'policy':<14}{'requests':>9}{'hit rate':>10}{'÷ ceiling':>10}{'TTFT p50':>10}"
           f"{'TTFT p99':>10}{'max/mean':>10}{'wall s':>8}")
     for pol in policies:
-        cfg = SimConfig(replicas=args.replicas, policy=pol, load_factor=args.load_factor,
-                        load_floor=args.load_floor, prompt_affinity=args.prompt_affinity,
-                        routing=routing,
-                        block_size=args.block_size, kv_blocks=args.kv_blocks,
-                        max_num_seqs=args.max_num_seqs)
+        cfg = replace(base, policy=pol, load_factor=args.load_factor, load_floor=args.load_floor,
+                      prompt_affinity=args.prompt_affinity, routing=routing)
         res = simulate(reqs, cfg)
         results.append(res.to_json())
+        m = res.misses
+        total = sum(m.values()) or 1
         print(f"{pol:<14}{res.requests:>9}{res.hit_rate:>10.3f}{res.of_ceiling:>10.3f}"
               f"{res.ttft['p50']:>10.3f}"
-              f"{res.ttft['p99']:>10.3f}{res.load_max_over_mean:>10.2f}{res.wall_seconds:>8.1f}")
+              f"{res.ttft['p99']:>10.3f}{res.load_max_over_mean:>10.2f}{res.wall_seconds:>8.1f}"
+              f"   miss: cold {m['cold'] / total:.3f} elsewhere {m['elsewhere'] / total:.3f} "
+              f"lost queued {m['lost_queued'] / total:.3f}")
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as fh:
             json.dump(results, fh, indent=2)

@@ -30,7 +30,7 @@ for this request, the work already queued on it, its rank on the key's ring walk
 
 Branch (the scorer that decided; API values, also a metric label):
 ``cache_hit`` - the pick holds at least ``min_match_tokens`` of the prompt and no candidate
-holds more; ``home`` / ``override`` / ``conversation`` - otherwise, the pick is the key's home
+(filtered out or not) holds more; ``home`` / ``override`` / ``conversation`` - otherwise, the pick is the key's home
 (the key came from the prefix / the ``X-Prefix-Hash`` header / the conversation identity);
 ``spill`` - otherwise: load moved the request off both its home and its best cache;
 ``least_loaded`` - a request with no key and no cached prefix; ``fallback`` - every replica was
@@ -69,6 +69,7 @@ __all__ = [
     "home_score",
     "load_score",
     "queued_work",
+    "recent_load",
 ]
 
 
@@ -77,6 +78,7 @@ class RequestView(NamedTuple):  # NamedTuples: built per request, cheaper than f
     prompt_tokens: int  # estimated tokens of the whole prompt
     placed: bool = True  # the candidates carry a ring rank (a routing key exists)
     cache_factor: float = 1.0  # scales the cache score (a conversation's first turn: < 1)
+    first_turn: bool = False  # a chat request without assistant or tool turns
 
 
 class Candidate(NamedTuple):
@@ -84,6 +86,7 @@ class Candidate(NamedTuple):
     cached: int  # tokens of this request the index predicts the replica holds
     queued: float  # work already queued on the replica, in prefill tokens (`queued_work`)
     rank: int  # position on the key's ring walk (0 = home); the fleet size when keyless
+    recent: float = 0.0  # requests recently sent to the replica (`routing.RecentLoad`)
 
     @property
     def name(self) -> str:
@@ -127,6 +130,31 @@ def bounded_load(bound: LoadBound) -> Filter:
     return keep
 
 
+def recent_load(factor: float, first_turns: bool = False) -> Filter:
+    """The candidates whose share of recent requests stays within ``factor`` x their fair share
+    (by weight) once this request is added; none -> all (the filter never empties the set).
+
+    ``recent`` counts the requests dispatched to each replica over a sliding window (decayed),
+    so this bounds each replica's *request rate*, which the in-flight cap of `bounded_load`
+    does not when requests are short: a replica is kept while
+    ``recent + 1 <= factor x (total + 1) x weight / total weight + 1`` (the last term: one
+    request of slack, so small counts never bind)."""
+
+    def keep(req: RequestView, candidates: list[Candidate]) -> list[Candidate]:
+        if first_turns and not req.first_turn:
+            return candidates
+        total = 1.0
+        weight = 0
+        for c in candidates:
+            total += c.recent
+            weight += c.state.weight
+        fair = factor * total / weight
+        kept = [c for c in candidates if c.recent <= fair * c.state.weight]
+        return kept or candidates
+
+    return keep
+
+
 def queued_work(r: ReplicaState, prompt_tokens: int, decode_tokens: float, mean_prefill: float,
                 kv_high: float) -> float:
     """Prefill-token cost of the work waiting on ``r`` before a new request (module docstring)."""
@@ -166,14 +194,13 @@ class Pipeline:
             scale = 1.0
         scorers = self.scorers
         scored = []
-        top_cached = 0
         for i, c in enumerate(kept):
             value = 0.0
             for scorer, weight in scorers:
                 value += weight * scorer(req, c, scale, fleet)
             scored.append((value, -c.rank, -i))
-            if c.cached > top_cached:
-                top_cached = c.cached
+        # over every candidate: a filtered-out replica holding more makes the pick a spill
+        top_cached = max(c.cached for c in candidates)
         order = sorted(range(len(kept)), key=scored.__getitem__, reverse=True)
         ranked = [kept[i] for i in order]
         best = ranked[0]

@@ -37,7 +37,13 @@ caller dispatches this request only once the leader's ``when_answered`` fired (i
 started, so the prefix is cached, or its attempt ended), or after ``hold_timeout``. Routing
 itself waits for nothing.
 
-Cost (cache_aware): O(prompt) hashing, O(chunks) index lookups, O(N) scoring; no tokenizer.
+Precise routing (``routing.kv_events``): the ``exact`` hook (`router.kv_events`) adds the
+request's exact block keys to its chunks (``Chunks.exact``, its exact prompt tokens as
+``total``); the index (`router.kv_events.index.KvIndex`) matches them against what the
+replicas' own KV events report and answers from the approximate index for the rest.
+
+Cost (cache_aware): O(prompt) hashing, O(chunks) index lookups, O(N) scoring; no tokenizer
+(with precise routing: plus the render and incremental encode of `router.kv_events`).
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from router.pipeline import (
     home_score,
     load_score,
     queued_work,
+    recent_load,
 )
 from router.policy import Decision, LoadBound, Policy, make_policy
 from router.prefix_index import ApproxIndex, InFlight, PrefixIndex
@@ -64,7 +71,10 @@ from router.replicas import ReplicaSet, ReplicaState
 from router.settings import RoutingSettings
 from router.usage import UsageTap
 
-__all__ = ["Routed", "Router"]
+__all__ = ["ExactKeys", "RecentLoad", "Routed", "Router"]
+
+# path, parsed body, model pool -> the request's exact block keys (`Chunks.exact`) or None
+ExactKeys = Callable[[str, Mapping[str, Any] | None, Pool | None], Chunks | None]
 
 _EMA = 0.05  # weight of one request in the running mean of predicted prefill tokens
 
@@ -90,16 +100,53 @@ def _novel_key(chunks: Chunks, known: int) -> str | None:
     return None
 
 
+class RecentLoad:
+    """Requests dispatched to each replica over a sliding window of about ``window`` requests.
+
+    Exponentially decayed: each dispatch multiplies every count by ``1 - 1/window`` and adds 1
+    to its replica's (done lazily: the increment grows instead, and all counts are rescaled
+    when it gets large), so the counts sum to at most ``window`` and ``count(r)`` is, in units
+    of one request now, how many of the recent ones went to ``r``. The router passes
+    ``routing.rate_window`` x the available replicas, so the window follows the fleet size. Written on dispatch (an
+    attempt started: `Routed.started`), read by `router.pipeline.recent_load`. Cost: O(1) per
+    dispatch and per read, O(replicas) once every few thousand dispatches.
+    """
+
+    __slots__ = ("_counts", "_inc")
+
+    def __init__(self) -> None:
+        self._inc = 1.0
+        self._counts: dict[str, float] = {}
+
+    def add(self, replica: str, window: float) -> None:
+        if window > 1:
+            self._inc /= 1.0 - 1.0 / window
+        else:  # a window of one request: only the latest counts
+            self._counts.clear()
+        self._counts[replica] = self._counts.get(replica, 0.0) + self._inc
+        if self._inc > 1e12:
+            inc = self._inc
+            self._counts = {k: v / inc for k, v in self._counts.items() if v / inc > 1e-9}
+            self._inc = 1.0
+
+    def count(self, replica: str) -> float:
+        return self._counts.get(replica, 0.0) / self._inc
+
+    def forget(self, replica: str) -> None:
+        self._counts.pop(replica, None)
+
+
 class Routed:
     """One request's routing decision and its outcome hooks (`router.proxy.Attempts`)."""
 
-    __slots__ = ("_in_flight", "_index", "_on_start", "_open", "_waiters", "cached", "chunks",
-                 "decision", "key", "leader", "prompt_tokens", "served_by", "stream", "tap")
+    __slots__ = ("_in_flight", "_index", "_on_start", "_open", "_reserved", "_waiters", "cached",
+                 "chunks", "decision", "key", "leader", "prompt_tokens", "served_by", "stream",
+                 "tap")
 
     def __init__(self, key: RoutingKey, decision: Decision, chunks: Chunks,
                  cached: Mapping[str, int], index: PrefixIndex | None,
                  tap: UsageTap | None, in_flight: InFlight | None = None,
-                 on_start: Callable[[float], None] | None = None,
+                 on_start: Callable[[str, float], None] | None = None,
                  stream: bool = False) -> None:
         self.key = key
         self.decision = decision
@@ -117,11 +164,39 @@ class Routed:
         self._on_start = on_start
         self._open: dict[str, float] = {}
         self._waiters: list[Callable[[], None]] | None = None
+        self._reserved: tuple[ReplicaState, float] | None = None
+
+    def hold_behind(self, leader: Routed, replica: ReplicaState) -> bool:
+        """Hold this request behind ``leader`` on ``replica``. While held it is committed
+        there: its predicted prefill counts as queued work on ``replica`` and its chunks as
+        in flight there (so later decisions, a follow-up turn included, see it), until it is
+        dispatched (`started`) or the leader answers or ends, whichever comes first - so a
+        request abandoned while held leaves nothing behind once its leader is done. False (and
+        no hold) when the leader is not prefilling any more."""
+        if not leader.when_answered(self._unreserve):
+            return False
+        cost = self.prefill_on(replica.name)
+        replica.pending_prefill += cost
+        self._reserved = (replica, cost)
+        if self._in_flight is not None:
+            self._in_flight.add(replica.name, self.chunks, self)
+        self.leader = leader
+        return True
+
+    def _unreserve(self) -> None:
+        held = self._reserved
+        if held is not None:
+            self._reserved = None
+            replica, cost = held
+            replica.pending_prefill = max(0.0, replica.pending_prefill - cost)
+            if self._in_flight is not None:
+                self._in_flight.remove(replica.name, self.chunks, self)
 
     @property
     def prefilling(self) -> bool:
-        """Dispatched, and no attempt has answered or ended since."""
-        return self.served_by is None and bool(self._open)
+        """Dispatched (or held behind a leader: it will prefill next), and no attempt has
+        answered or ended since."""
+        return self.served_by is None and (bool(self._open) or self._reserved is not None)
 
     def when_answered(self, callback: Callable[[], None]) -> bool:
         """Call ``callback`` once, when an attempt of this request is answered or ends; False
@@ -138,6 +213,7 @@ class Routed:
         return max(0.0, float(self.prompt_tokens - self.cached.get(replica, 0)))
 
     def started(self, replica: ReplicaState) -> None:
+        self._unreserve()
         cost = self.prefill_on(replica.name)
         self._open[replica.name] = cost
         replica.unstarted += 1
@@ -145,7 +221,7 @@ class Routed:
         if self._in_flight is not None:
             self._in_flight.add(replica.name, self.chunks, self)
         if self._on_start is not None:
-            self._on_start(cost)
+            self._on_start(replica.name, cost)
 
     def _release(self, replica: ReplicaState) -> None:
         cost = self._open.pop(replica.name, None)
@@ -180,9 +256,12 @@ class Router:
     """Routing for one process: the policy or pipeline, and the prefix index it learns in."""
 
     def __init__(self, settings: RoutingSettings, replicas: ReplicaSet,
-                 index: PrefixIndex | None = None) -> None:
+                 index: PrefixIndex | None = None, exact: ExactKeys | None = None) -> None:
         self.settings = settings
         self.replicas = replicas
+        # precise routing (router.kv_events): the request's exact block keys, carried to the
+        # index as ``chunks.exact``; None when off or when the request has none
+        self.exact = exact
         self.key_config: KeyConfig = key_config(settings)
         self.bound = LoadBound(settings.load_factor, settings.cache_load_floor
                                if settings.policy == "cache_aware" else settings.load_floor)
@@ -190,12 +269,17 @@ class Router:
         self._bounded = settings.policy in ("prefix", "cache_aware")
         self.policy: Policy | None = None
         self.pipeline: Pipeline | None = None
+        self.recent: RecentLoad | None = None
         self.index: PrefixIndex | None = None
         if settings.policy == "cache_aware":
             self.index = index or ApproxIndex(settings.kv_capacity_tokens,
                                               settings.index_max_entries)
+            filters = [bounded_load(self.bound)]
+            if settings.rate_factor:
+                self.recent = RecentLoad()
+                filters.append(recent_load(settings.rate_factor, settings.rate_first_turns))
             self.pipeline = Pipeline(
-                [bounded_load(self.bound)],
+                filters,
                 [(cache_score, settings.cache_weight), (load_score, settings.load_weight),
                  (home_score, settings.home_weight)],
                 settings.min_match_tokens)
@@ -207,6 +291,7 @@ class Router:
                               if settings.cache_weight else 1.0)
         self._capacity: dict[str, int] = {}
         self._mean_prefill = 0.0
+        self._fleet = 1  # available replicas at the last decision
 
     def route(self, path: str, headers: Mapping[str, str], body: Mapping[str, Any] | None,
               seq: int, tap: UsageTap | None = None, pool: Pool | None = None) -> Routed | None:
@@ -223,6 +308,10 @@ class Router:
             return Routed(key, self._lora(pool, decision, states), NO_CHUNKS, {}, None, tap)
         s = self.settings
         chunks = request_chunks(path, body, s.chunk_chars, s.chars_per_token)
+        if self.exact is not None:
+            exact = self.exact(path, body, pool)
+            if exact is not None:  # exact tokens replace the estimate wherever it was used
+                chunks = chunks._replace(total=exact.total, exact=exact)
         assert self.index is not None
         self._sync_capacity(fleet_states)
         cached: dict[str, int] = {}
@@ -238,6 +327,7 @@ class Router:
         prompt = chunks.total
         available = [r for r in states if r.available]
         fleet = len(available)
+        self._fleet = max(1, fleet)
         best = max(cached.values(), default=0)
         cold_key = key.ring_key
         scored = cached
@@ -259,18 +349,22 @@ class Router:
                 walk.sort(key=lambda n: index.inserted(n))
             rank = {n: i for i, n in enumerate(walk)}
         mean = self._mean_prefill
+        recent = self.recent
         candidates = [Candidate(r, scored.get(r.name, 0),
                                 queued_work(r, prompt, s.decode_tokens, mean, s.kv_high),
-                                rank.get(r.name, fleet))
+                                rank.get(r.name, fleet),
+                                0.0 if recent is None else recent.count(r.name))
                       for r in available]
-        factor = self._first_factor if _first_turn(body) else 1.0
-        decision = self.pipeline.pick(RequestView(key, prompt, cold_key is not None, factor),
-                                      candidates)
+        first = _first_turn(body)
+        factor = self._first_factor if first else 1.0
+        decision = self.pipeline.pick(RequestView(key, prompt, cold_key is not None, factor,
+                                                  first), candidates)
         if decision is None:
             return None
         decision = self._lora(pool, decision, states)
         routed = Routed(key, decision, chunks, cached, self.index, tap, in_flight,
-                        self._dispatched, _streams(body))
+                        self._dispatched if first or not s.rate_first_turns else self._priced,
+                        _streams(body))
         pick = decision.replica
         if s.hold_tokens and cached.get(pick, 0) - known.get(pick, 0) >= s.hold_tokens:
             lead = in_flight.leader(chunks, pick)
@@ -278,13 +372,21 @@ class Router:
                 leader, tokens = lead
                 assert isinstance(leader, Routed)
                 if leader.stream and tokens - known.get(pick, 0) >= s.hold_tokens:
-                    routed.leader = leader
+                    for r in available:
+                        if r.name == pick:
+                            routed.hold_behind(leader, r)
+                            break
         return routed
 
-    def _dispatched(self, prefill: float) -> None:
-        """An attempt was dispatched with this predicted prefill (the running mean that prices
-        other routers' waiting requests)."""
+    def _priced(self, replica: str, prefill: float) -> None:
         self._mean_prefill += _EMA * (prefill - self._mean_prefill)
+
+    def _dispatched(self, replica: str, prefill: float) -> None:
+        """An attempt was dispatched to ``replica`` with this predicted prefill (the running
+        mean that prices other routers' waiting requests; the recent request counts)."""
+        self._mean_prefill += _EMA * (prefill - self._mean_prefill)
+        if self.recent is not None:
+            self.recent.add(replica, self.settings.rate_window * self._fleet)
 
     def _lora(self, pool: Pool | None, decision: Decision,
               states: Sequence[ReplicaState]) -> Decision:
@@ -308,5 +410,7 @@ class Router:
         """Replicas that left the membership: drop what the index knows of them."""
         for name in names:
             self._capacity.pop(name, None)
+            if self.recent is not None:
+                self.recent.forget(name)
             if self.index is not None:
                 self.index.forget(name)

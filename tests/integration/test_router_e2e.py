@@ -46,7 +46,7 @@ def ask(c: openai.OpenAI, system: str, text: str, stream: bool, **kw: Any) -> st
 def test_same_prefix_lands_on_one_replica_at_low_load(fake_fleet: Any, router_server: Any,
                                                       stream: bool) -> None:
     fleet: Fleet = fake_fleet(4)
-    srv, _ = router_server(router_settings(fleet.urls))
+    srv, _ = router_server(router_settings(fleet.urls, routing={"rate_factor": 0}))
     c = client(srv.url)
     served = {ask(c, SYSTEM, f"question {i}", stream) for i in range(12)}
     assert len(served) == 1
@@ -54,6 +54,19 @@ def test_same_prefix_lands_on_one_replica_at_low_load(fake_fleet: Any, router_se
     others = {ask(c, f"{SYSTEM} Team {i} handles region {i}-{i * 7}.", "hi", stream)
               for i in range(16)}
     assert len(others) >= 3
+
+
+def test_new_conversations_of_one_prefix_spread_by_their_recent_rate(fake_fleet: Any,
+                                                                     router_server: Any) -> None:
+    """The default bounded rate (routing.rate_factor 2 on first turns): one system prompt's new
+    conversations, one at a time, still use only a part of the fleet - each replica they use
+    takes up to twice its fair share of them - and a later turn follows its own history."""
+    fleet: Fleet = fake_fleet(4)
+    srv, _ = router_server(router_settings(fleet.urls))
+    c = client(srv.url)
+    served = [ask(c, SYSTEM, f"question {i}", False) for i in range(16)]
+    assert 2 <= len(set(served)) <= 3, served
+    assert max(served.count(n) for n in set(served)) <= 2 * 16 / 4 + 2
 
 
 def test_hot_prefix_spreads_while_conversations_stay(fake_fleet: Any,
@@ -202,8 +215,10 @@ def test_completions_conversations_spread_and_follow_their_history(fake_fleet: A
         assert r.status_code == 200, r.text
         return r.headers["x-prefix-router-replica"]
 
-    prompts = {c: preamble + f"Conversation {c}: " + f"document {c} line. " * 160
-               for c in range(12)}   # ~3 kB of new text each
+    # ~6.5 kB of new text each: the preamble is a quarter of the prompt, under
+    # routing.match_threshold (0.3)
+    prompts = {c: preamble + f"Conversation {c}: " + f"document {c} line. " * 350
+               for c in range(12)}
     first = {c: served(p) for c, p in prompts.items()}
     assert len(set(first.values())) >= 3
     for turn in range(2):

@@ -132,7 +132,8 @@ def test_cache_aware_spreads_new_conversations_at_low_load(tmp_path: object) -> 
     """Below the load floor the prefix policy runs every conversation of the shared system
     block on the key's home, where their histories evict each other; cache_aware places each
     new conversation by its own first chunk and uses the whole fleet's caches."""
-    recs = _conversation_records(turns=3, convs=40, first_id=5000, first_turn_blocks=2,
+    # the shared block is a quarter of a first turn: under routing.match_threshold (0.3)
+    recs = _conversation_records(turns=3, convs=40, first_id=5000, first_turn_blocks=3,
                                  output_length=4, gap=lambda: 400)   # one request at a time
     reqs = _trace_requests(recs, Path(str(tmp_path)), max_output_tokens=4)
     ca = simulate(reqs, SimConfig(replicas=4, kv_blocks=1500, policy="cache_aware"))
@@ -191,3 +192,72 @@ def test_a_burst_of_a_new_prefix_is_held_behind_its_first_prefill() -> None:
     assert (held.holds, free.holds) == (3, 0)
     assert held.hit_rate == pytest.approx(held.ceiling["hit_rate"])  # every follower hit it all
     assert free.hit_rate < held.hit_rate - 0.05  # side by side they computed most of it again
+
+
+def test_miss_attribution_splits_every_prompt_token() -> None:
+    reqs = _reqs(60, 6, spacing=0.01)
+    for policy in ("cache_aware", "round_robin", "sglang_model"):
+        res = simulate(reqs, SimConfig(replicas=3, kv_blocks=200, policy=policy))
+        m = res.misses
+        assert set(m) == {"hit", "cold", "elsewhere", "lost_queued"}
+        prompt = sum(len(r.prompt_ids) for r in reqs)
+        assert sum(m.values()) >= prompt - 60 * 16  # each token once (lost_queued may overlap)
+        assert m["hit"] == pytest.approx(res.hit_rate * prompt, abs=1)
+    rr = simulate(reqs, SimConfig(replicas=3, kv_blocks=200, policy="round_robin")).misses
+    ca = simulate(reqs, SimConfig(replicas=3, kv_blocks=200, policy="cache_aware")).misses
+    assert rr["elsewhere"] > ca["elsewhere"]  # round-robin ignores where a prefix sits
+
+
+def test_the_sglang_model_follows_a_match_over_its_threshold_else_the_smallest_tree() -> None:
+    from loadtest.sglang_model import SglangModel
+    from router.discovery.base import Endpoint
+    from router.replicas import ReplicaSet
+
+    rs = ReplicaSet([Endpoint(f"r{i}", f"sim://r{i}") for i in range(3)])
+    model = SglangModel(rs)
+    chat = "/v1/chat/completions"
+
+    def req(system: str, user: str) -> dict[str, Any]:
+        return {"model": "m", "messages": [{"role": "system", "content": system},
+                                           {"role": "user", "content": user}]}
+
+    long, other = "a long shared preamble " * 40, "another preamble " * 40
+    first = model.route(chat, {}, req(long, "q1"), 1)
+    assert first is not None and first.decision.replica == "r0"  # all trees empty: the first
+    follow = model.route(chat, {}, req(long, "q2"), 2)  # > 30% matched: the same worker
+    assert follow is not None and (follow.decision.replica, follow.decision.branch.value) == (
+        "r0", "cache_hit")
+    new = model.route(chat, {}, req(other, "q3"), 3)  # no match: the smallest tree
+    assert new is not None and new.decision.replica == "r1"
+    states = {s.name: s for s in rs.states()}
+    states["r0"].in_flight, states["r1"].in_flight = 100, 10  # imbalanced: the least loaded
+    spill = model.route(chat, {}, req(long, "q4"), 4)
+    assert spill is not None and spill.decision.replica == "r2"
+
+
+def test_bench_cell_replays_a_make_bench_cell_with_its_fleet() -> None:
+    from loadtest.cells import WORKLOADS
+    from loadtest.simulate import bench_cell
+
+    reqs, cfg = bench_cell("rag", 4)
+    w = next(w for w in WORKLOADS if w.name == "rag")
+    assert len(reqs) == w.requests and cfg.kv_blocks == w.fleet.kv_blocks
+    assert reqs[-1].at == pytest.approx((len(reqs) - 1) / w.rate)  # the bench's mean rate
+    with pytest.raises(ValueError, match="no bench workload"):
+        bench_cell("nope", 4)
+
+
+def test_precise_routing_runs_in_the_simulation_and_beats_round_robin() -> None:
+    # cache_aware+kv: the precise index fed by the engines' block pools (zero-lag events)
+    from loadtest.simulate import PRECISE
+
+    reqs = workload_requests("cache-pressure", 300, 3, 20.0, prompts=12,
+                             min_prompt_tokens=300, max_prompt_tokens=500, zipf_s=0.0)
+    precise = simulate(reqs, SimConfig(replicas=4, policy=PRECISE, kv_blocks=60))
+    rr = simulate(reqs, SimConfig(replicas=4, policy="round_robin", kv_blocks=60))
+    assert precise.requests == rr.requests == 300
+    assert precise.hit_rate > rr.hit_rate + 0.1
+    assert precise.hit_rate <= precise.ceiling["hit_rate"] + 1e-9
+    assert precise.branches.get("cache_hit", 0) > 0
+    assert simulate(reqs, SimConfig(replicas=4, policy=PRECISE, kv_blocks=60)).hit_rate == \
+        precise.hit_rate  # deterministic

@@ -14,6 +14,7 @@ from router.pipeline import (
     home_score,
     load_score,
     queued_work,
+    recent_load,
 )
 from router.policy import Branch, LoadBound
 from router.replicas import ReplicaState
@@ -94,3 +95,42 @@ def test_fallback_when_every_replica_is_filtered() -> None:
     d = p.pick(RequestView(PREFIX, 10), [cand("a", in_flight=3), cand("b", in_flight=1)])
     assert d is not None and (d.replica, d.branch) == ("b", Branch.FALLBACK)
     assert p.pick(RequestView(PREFIX, 10), []) is None
+
+
+def recent(name: str, count: float, weight: int = 1) -> Candidate:
+    return Candidate(ReplicaState(name, f"http://{name}", weight=weight), 0, 0.0, 0, count)
+
+
+def test_recent_load_keeps_replicas_within_their_share_of_recent_requests() -> None:
+    keep = recent_load(1.25)
+    req = RequestView(PREFIX, 100)
+    # 16 recent requests (+1, this one) over 4 replicas: a fair share of 4.25 each, cap 5.31
+    got = keep(req, [recent("a", 10), recent("b", 2), recent("c", 2), recent("d", 2)])
+    assert [c.name for c in got] == ["b", "c", "d"]
+    # small counts never bind (one request of slack), and the filter never empties the set
+    assert len(keep(req, [recent("a", 1), recent("b", 0)])) == 2
+    assert len(keep(req, [recent("a", 5)])) == 1
+    # a replica of weight 2 may take twice the share
+    got = keep(req, [recent("a", 6, weight=2), recent("b", 3), recent("c", 3)])
+    assert [c.name for c in got] == ["a", "b", "c"]
+
+
+def test_recent_load_on_first_turns_only_lets_later_turns_follow_their_cache() -> None:
+    keep = recent_load(1.25, first_turns=True)
+    crowded = [recent("a", 10), recent("b", 1)]
+    assert [c.name for c in keep(RequestView(PREFIX, 100), crowded)] == ["a", "b"]
+    first = RequestView(PREFIX, 100, first_turn=True)
+    assert [c.name for c in keep(first, crowded)] == ["b"]
+
+
+def test_a_hot_first_turn_over_its_share_goes_to_the_next_best_cache() -> None:
+    p = Pipeline([recent_load(1.25, first_turns=True)],
+                 [(cache_score, 4.0), (load_score, 1.0), (home_score, 0.02)], 64)
+    hot = Candidate(ReplicaState("a", "http://a"), 900, 0.0, 0, 12.0)
+    copy = Candidate(ReplicaState("b", "http://b"), 400, 0.0, 1, 2.0)
+    cold = Candidate(ReplicaState("c", "http://c"), 0, 0.0, 2, 2.0)
+    d = p.pick(RequestView(PREFIX, 1000, first_turn=True), [hot, copy, cold])
+    assert d is not None and (d.replica, d.branch) == ("b", Branch.SPILL)
+    assert d.candidates[-1] == "a"  # the filtered-out replica is still a retry target
+    d = p.pick(RequestView(PREFIX, 1000), [hot, copy, cold])  # a later turn: not bounded
+    assert d is not None and (d.replica, d.branch) == ("a", Branch.CACHE_HIT)

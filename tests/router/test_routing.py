@@ -128,7 +128,7 @@ def test_first_turns_weigh_the_cached_preamble_less_than_later_turns() -> None:
     holder = r.replicas.get(warm.decision.replica)
     assert holder is not None
     answer(warm, holder)
-    holder.pending_prefill = 1.2 * warm.prompt_tokens  # queued work there: more than a cold copy
+    holder.pending_prefill = 3 * warm.prompt_tokens  # queued work there: more than a cold copy
     first = r.route(CHAT, {}, body("new conversation"), 2)
     later = r.route(CHAT, {}, body("q0", "follow-up"), 3)
     assert first is not None and later is not None
@@ -192,3 +192,87 @@ def test_a_leader_that_fails_wakes_its_followers_and_leaves_nothing() -> None:
     first.ended(state)  # connect refused: no response
     assert woken == [1] and len(r.in_flight) == 0
     assert r.index is not None and r.index.match(first.chunks) == {}
+
+
+def test_a_held_request_counts_as_queued_work_until_it_starts() -> None:
+    r = router()
+    first = r.route(CHAT, {}, streamed("q1"), 1)
+    assert first is not None
+    state = started(r, first)
+    before = state.pending_prefill
+    second = r.route(CHAT, {}, streamed("q2 " * 200), 2)
+    assert second is not None and second.leader is first
+    cost = second.prefill_on(state.name)
+    assert cost > 0 and state.pending_prefill == pytest.approx(before + cost)
+    started(r, second)  # dispatched after its hold: counted once, as a started attempt
+    assert state.pending_prefill == pytest.approx(before + cost)
+    assert state.unstarted == 2
+
+
+def test_a_held_request_abandoned_leaves_nothing_once_its_leader_answers() -> None:
+    r = router()
+    first = r.route(CHAT, {}, streamed("q1"), 1)
+    assert first is not None
+    state = started(r, first)
+    second = r.route(CHAT, {}, streamed("q2 " * 200), 2)
+    assert second is not None and second.leader is first
+    assert r.in_flight.match(second.chunks).get(state.name) == second.chunks.tokens[-1]
+    # the client goes away while held: the proxy never dispatches it
+    first.served(state, 200)
+    first.ended(state)
+    assert state.pending_prefill == 0.0 and len(r.in_flight) == 0
+
+
+def test_a_follow_up_of_a_held_turn_finds_it_and_holds_behind_it() -> None:
+    r = router()
+    first = r.route(CHAT, {}, streamed("q1"), 1)
+    assert first is not None
+    state = started(r, first)
+    held = r.route(CHAT, {}, streamed("q2 " * 200), 2)
+    assert held is not None and held.leader is first and held.prefilling
+    follow = r.route(CHAT, {}, streamed("q2 " * 200, "and then?"), 3)
+    assert follow is not None and follow.decision.replica == state.name
+    assert follow.cached[state.name] >= held.chunks.tokens[-1]  # the held turn, in flight
+    assert follow.leader is held
+    woken: list[str] = []
+    assert held.when_answered(lambda: woken.append("held answered"))
+    started(r, held)
+    held.served(state, 200)
+    assert woken == ["held answered"]
+
+
+def test_first_turns_spread_by_their_share_of_recent_requests() -> None:
+    r = router(rate_factor=1.25, rate_window=4)
+    assert r.recent is not None
+    served = []
+    for i in range(40):
+        routed = r.route(CHAT, {}, body(f"question {i}"), i)
+        assert routed is not None
+        state = r.replicas.get(routed.decision.replica)
+        assert state is not None
+        answer(routed, state)
+        served.append(state.name)
+    counts = [served.count(f"r{i}") for i in range(4)]
+    assert max(counts) <= 1.25 * 10 + 2, counts  # one shared preamble, spread anyway
+    # a later turn is not bounded: it follows its conversation's cache
+    later = r.route(CHAT, {}, body("question 3", "more"), 99)
+    assert later is not None and later.decision.replica == served[3]
+
+
+def test_recent_load_counts_decay_over_the_window() -> None:
+    from router.routing import RecentLoad
+
+    rl = RecentLoad()
+    for _ in range(100):
+        rl.add("a", 10)
+    assert 9.0 < rl.count("a") <= 10.0  # the window holds about 10 requests
+    for _ in range(30):
+        rl.add("b", 10)
+    assert rl.count("a") < 0.5 and rl.count("b") > 9.0
+    rl.add("c", 1)  # a window of one: only the latest counts
+    assert (rl.count("a"), rl.count("c")) == (0.0, 1.0)
+    rl.forget("c")
+    assert rl.count("c") == 0.0
+    for _ in range(5000):  # the lazy increment is rescaled, counts stay finite
+        rl.add("a", 2)
+    assert 1.9 < rl.count("a") <= 2.0
