@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import urllib.error
 import urllib.request
@@ -21,6 +22,38 @@ def free_port(host: str = "127.0.0.1") -> int:
             _handed_out.add(port)
             return port
     raise RuntimeError(f"no new free port on {host} in 1000 tries")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def quiet_port(host: str = "127.0.0.1", rng: random.Random | None = None) -> int:
+    """A free TCP port *below* the kernel's ephemeral range, never handed out before.
+
+    For a socket bound long after the port is chosen (a vLLM replica binds its KV-event sockets a
+    minute into its start-up): a port from the ephemeral range, as `free_port` gives, can meanwhile
+    be taken by any outgoing connection on the machine; one below it only by another explicit
+    bind."""
+    low, _ = _ephemeral_range()
+    rng = rng or random.Random()
+    for _ in range(1000):
+        port = rng.randrange(10000, max(low, 10001))
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port below {low} on {host} in 1000 tries")
 
 
 def http_get(url: str, timeout: float = 1.0) -> tuple[int, bytes] | None:

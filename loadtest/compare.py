@@ -48,7 +48,10 @@ from loadtest.runner import Plan, RunResult, add_workload_arguments, run, worklo
 from loadtest.setups import Setup, SetupError, launch, parse_setup, tiny_tokenizer_dir
 from loadtest.workloads import Request, generate
 
-__all__ = ["DEFAULT_SETUPS", "FleetParams", "add_arguments", "compare", "machine_info", "main"]
+KV_EVENTS_CONFIG = json.dumps({"enable_kv_cache_events": True, "topic": "kv",
+                               "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0"})
+
+__all__ = ["DEFAULT_SETUPS", "FleetParams", "KV_EVENTS_CONFIG", "add_arguments", "compare", "machine_info", "main"]
 
 DEFAULT_SETUPS = ("router-prefix", "router-round_robin", "router-least_loaded", "nginx",
                   "sglang-cache_aware", "sglang-round_robin", "vllm-consistent_hash",
@@ -65,10 +68,15 @@ class FleetParams:
     step_ms: float = 10.0
     prefill_us_per_token: float = 100.0
     decode_us_per_seq: float = 250.0
+    # every replica publishes vLLM's KV-cache events (PUB and replay ports the kernel hands
+    # out, topic "kv"), which ``router-<policy>+kv`` setups subscribe to
+    kv_events: bool = False
 
     def replica_options(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("replicas")
+        if d.pop("kv_events"):
+            d["kv_events_config"] = KV_EVENTS_CONFIG
         return d
 
 
@@ -157,7 +165,11 @@ def run_setup(setup: Setup, requests: Sequence[Request], plan: Plan, fleet_param
                   log_dir=str(workdir / "fleet"), **fleet_params.replica_options())
     fleet.start()
     try:
-        replicas = list(zip(fleet.names, fleet.urls, strict=True))
+        replicas: list[tuple[str, ...]] = list(zip(fleet.names, fleet.urls, strict=True))
+        if fleet_params.kv_events:
+            replicas = [(n, u, e or "", r or "") for n, u, e, r in zip(
+                fleet.names, fleet.urls, fleet.kv_endpoints, fleet.kv_replay_endpoints,
+                strict=True)]
         with launch(setup, replicas, workdir) as launched:
             p = replace(plan, target=launched.url, prefix_hash_header=setup.prefix_hash_header,
                         replica_urls=tuple(fleet.urls), progress_label=setup.name)

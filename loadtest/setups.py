@@ -7,6 +7,8 @@ the PID it started, waits, then SIGKILLs. Every listener binds 127.0.0.1 only.
 
 * ``router-<policy>``: ``python -m router serve --config router.yaml`` with static replicas,
   access log off, log level warning; ready when ``GET /ready`` is 200. Variants:
+  ``router-<policy>+kv`` turns precise routing on (``routing.kv_events``, each replica's
+  endpoints from the fleet: ``(name, url, events, replay)`` replicas, topic ``kv``);
   ``router-<policy>+tracing`` turns `tracing` on, exporting to a `loadtest.otlp_sink` process
   the setup starts and stops with it (its CPU is not the router's);
   ``router-<policy>@<dir>`` runs the ``router`` package found in ``<dir>`` (another commit's
@@ -72,7 +74,8 @@ __all__ = [
 KEY_HEADER = "X-Prefix-Hash"
 KINDS = ("router", "nginx", "sglang", "vllm", "direct", "passthrough")
 SPLIT_KINDS = ("router", "sglang", "vllm")  # may run as several processes behind the splitter
-Replica = tuple[str, str]  # (name, url)
+# (name, url), or (name, url, KV-event endpoint, replay endpoint) for a fleet publishing events
+Replica = tuple[str, ...]
 
 
 class SetupError(RuntimeError):
@@ -86,6 +89,7 @@ class Setup:
     processes: int | None = None  # N processes behind the splitter; None: one, no splitter
     tracing: bool = False  # router only: OpenTelemetry traces on, to an OTLP sink
     source: str | None = None  # router only: a directory holding the router package to run
+    kv: bool = False  # router only: routing.kv_events on (precise routing from KV events)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -96,8 +100,9 @@ class Setup:
                                  "several processes")
             if self.processes < 1:
                 raise ValueError(f"setup processes: expected >= 1, got {self.processes}")
-        if (self.tracing or self.source) and self.kind != "router":
-            raise ValueError(f"setup {self.kind}: +tracing and @source are router variants")
+        if (self.tracing or self.source or self.kv) and self.kind != "router":
+            raise ValueError(f"setup {self.kind}: +tracing, +kv and @source are router "
+                             "variants")
 
     @property
     def name(self) -> str:
@@ -106,6 +111,8 @@ class Setup:
             name += f"-x{self.processes}"
         if self.tracing:
             name += "+tracing"
+        if self.kv:
+            name += "+kv"
         if self.source:
             name += "@" + Path(self.source).name
         return name
@@ -113,7 +120,7 @@ class Setup:
     @property
     def single(self) -> Setup:
         """One process of this setup, without the splitter."""
-        return Setup(self.kind, self.policy, tracing=self.tracing, source=self.source)
+        return Setup(self.kind, self.policy, tracing=self.tracing, source=self.source, kv=self.kv)
 
     @property
     def prefix_hash_header(self) -> str | None:
@@ -138,14 +145,15 @@ def parse_setup(text: str) -> Setup:
     a ``-x<N>`` suffix: N processes behind the splitter (``router-cache_aware-x2``); then the
     router variants ``+tracing`` and ``@/path/to/tree`` (``router-prefix-x2+tracing@/tmp/t``)."""
     text, _, source = text.partition("@")
-    text, plus, variant = text.partition("+")
-    if plus and variant != "tracing":
-        raise ValueError(f"setup variant: expected +tracing, got +{variant!r}")
+    text, *variants = text.split("+")
+    if any(v not in ("tracing", "kv") for v in variants):
+        raise ValueError(f"setup variant: expected +tracing or +kv, got {text}+{'+'.join(variants)}")
     processes = None
     if m := _PROCESSES.search(text):
         processes, text = int(m.group(1)), text[: m.start()]
     kind, _, policy = text.partition("-")
-    return Setup(kind, policy, processes, tracing=bool(plus), source=source or None)
+    return Setup(kind, policy, processes, tracing="tracing" in variants, source=source or None,
+                 kv="kv" in variants)
 
 
 def _nginx_binary() -> str | None:
@@ -278,7 +286,7 @@ def _wait(launched: Launched, ready: Callable[[], bool], timeout: float) -> None
 def _router_settings(replicas: Sequence[Replica], policy: str, ring: str, port: int) -> dict[str, object]:
     return {
         "listen": {"host": "127.0.0.1", "port": port},
-        "replicas": [{"name": n, "url": u} for n, u in replicas],
+        "replicas": [{"name": r[0], "url": r[1]} for r in replicas],
         "routing": {"policy": policy, "ring": ring},
         "logging": {"level": "warning", "access_log": False},
     }
@@ -296,6 +304,15 @@ def _launch_router(setup: Setup, replicas: Sequence[Replica], workdir: Path, por
                               log))
         settings["tracing"] = {"enabled": True,
                                "endpoint": f"http://127.0.0.1:{sink}/v1/traces"}
+    if setup.kv:
+        if any(len(r) < 4 or not r[2] for r in replicas):
+            raise SetupError(f"{setup.name}: the fleet publishes no KV events (start it with "
+                             "kv_events_config)")
+        for entry, r in zip(settings["replicas"], replicas, strict=True):  # type: ignore[call-overload]
+            entry["kv_events_endpoint"] = r[2]
+            entry["kv_replay_endpoint"] = r[3]
+        settings["routing"]["kv_events"] = {"enabled": True,  # type: ignore[index]
+                                            "topic": "kv"}
     env, cwd = None, None
     if setup.source:  # its router package first on the path; cwd without one of ours
         env = {**os.environ, "PYTHONPATH": str(Path(setup.source).resolve())}
@@ -356,7 +373,7 @@ def _launch_rust(setup: Setup, replicas: Sequence[Replica], workdir: Path, port:
     argv += ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
              "--prometheus-port", str(free_port()), "--policy", setup.policy or "cache_aware",
              "--worker-startup-check-interval", "1",
-             "--worker-urls", *[u for _, u in replicas]]
+             "--worker-urls", *[r[1] for r in replicas]]
     env = {**os.environ, "RUST_LOG": "warn"}
     proc = _spawn(argv, log, env=env, cwd=workdir)
     launched = Launched(setup, f"http://127.0.0.1:{port}", proc, log)

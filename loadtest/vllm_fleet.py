@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from loadtest._net import free_port
+from loadtest._net import free_port, quiet_port
 from loadtest.stats import parse_prometheus
 
 __all__ = ["VllmEnv", "VllmEnvMissing", "VllmFleet", "find_env", "make_lora_adapter",
@@ -238,7 +238,9 @@ class VllmFleet:
             for i in range(self.n):
                 self.ports.append(free_port())
                 if self.kv_events:
-                    self.kv_ports.append((free_port(), free_port()))
+                    # bound a minute from now: below the ephemeral range, out of the way of
+                    # the machine's outgoing connections
+                    self.kv_ports.append((quiet_port(), quiet_port()))
                 self.procs.append(self._spawn(i))
             for i in range(self.n):
                 self._wait_ready(i, t0 + self.startup_timeout)

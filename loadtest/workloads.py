@@ -6,6 +6,10 @@ requests, so several setups (router policies, nginx, sglang-router) can be fed t
 Workloads (names are CLI values):
 
 * ``shared-prefix`` — P system prompts of 1-4k tokens with Zipf popularity, short user turns.
+* ``cache-pressure`` — shared-prefix's requests under another name, for the runs that size it as
+  llm-d's precise-routing benchmark does: many groups of long shared prefixes (uniform
+  popularity with ``zipf_s`` 0) whose total exceeds the fleet's KV capacity, so that what each
+  replica evicted decides (``loadtest.bench_kv``).
 
   In shared-prefix, multi-turn and hot-prefix a user turn is a short question, followed by
   ``user_tokens`` tokens of pasted text (new to the cache, so it costs prefill) when that is > 0.
@@ -598,6 +602,7 @@ WORKLOADS = {
     "mooncake": mooncake,
     "rag": rag,
     "agent": agent,
+    "cache-pressure": shared_prefix,
 }
 
 

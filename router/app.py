@@ -17,9 +17,12 @@ Errors raised anywhere before the first response byte are `RouterError`s answere
 sizes, connection caps) are enforced below this app by `router.limits`, through the app's
 `connection_guard`.
 
-Lifespan: startup creates the aiohttp sessions (hot path and control plane), publishes the
-static membership at once, then starts discovery, health probes, the load scrape and the
-optional admin listener as tasks; shutdown cancels and awaits them and closes the sessions.
+Lifespan: startup creates the upstream pool of the proxied requests (`router.upstream`) and the
+aiohttp sessions (/v1/models fan-out, control plane), starts the KV-event subscribers when
+`routing.kv_events` is on (`router.kv_events`: one SUB loop per replica, which follow every
+membership and health change), publishes the static membership at once, then starts discovery,
+health probes, the load scrape and the optional admin listener as tasks; shutdown cancels and
+awaits them, stops the subscribers and closes the pool and the sessions.
 Constructing a RouterApp starts nothing, so tests can build many.
 
 `app_factory()` builds the app from the settings file named by `SETTINGS_ENV`, which is how
@@ -66,9 +69,11 @@ from router.proxy import Forwarder, Upstream, make_session
 from router.replicas import EndpointLike, ReplicaSet
 from router.routing import Routed, Router
 from router.settings import Settings, SettingsError, settings_from_env
+from router.upstream import UpstreamPool
 from router.usage import UsageTap
 
 if TYPE_CHECKING:  # router.tracing imports opentelemetry: only loaded when tracing is on
+    from router.kv_events.service import KvEvents  # pyzmq, msgpack: only with kv_events on
     from router.tracing import RequestTrace, Tracing
 
 log = logging.getLogger("prefix_router")
@@ -85,7 +90,14 @@ class RouterApp:
         r = settings.routing
         self.metrics = RouterMetrics()
         self.replicas = ReplicaSet((), ring_kind=r.ring, vnodes=r.virtual_nodes)
-        self.router = Router(r, self.replicas)
+        self.kv: KvEvents | None = None
+        if r.kv_events.enabled:  # only then is the kv extra (pyzmq, msgpack) imported
+            from router.kv_events.service import KvEvents
+
+            self.kv = KvEvents(settings, self.metrics)
+            self.router = Router(r, self.replicas, self.kv.index, self.kv.exact)
+        else:
+            self.router = Router(r, self.replicas)
         self.policy = self.router.policy
         self.key_config = self.router.key_config
         self._key_headers = (self.key_config.key_header.encode(),
@@ -100,6 +112,7 @@ class RouterApp:
         self.discovery = discovery
         self.forwarder: Forwarder | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._pool: UpstreamPool | None = None
         self._control: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._admin: uvicorn.Server | None = None
@@ -124,8 +137,10 @@ class RouterApp:
         self._publish_states()
 
     def _publish_states(self) -> None:
-        self.metrics.set_membership({s.name: (s.healthy, s.draining)
-                                     for s in self.replicas.states()})
+        states = self.replicas.states()
+        self.metrics.set_membership({s.name: (s.healthy, s.draining) for s in states})
+        if self.kv is not None:
+            self.kv.update(states)
 
     @property
     def ready(self) -> bool:
@@ -137,10 +152,13 @@ class RouterApp:
         s = self.settings
         self.tracing = start_tracing(s, self._environ)
         self._session = make_session(s.proxy)
+        self._pool = UpstreamPool(keepalive=4.0)
         self._control = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
                                               cookie_jar=aiohttp.DummyCookieJar())
-        self.forwarder = Forwarder(Upstream(self._session, self.replicas, self.health,
+        self.forwarder = Forwarder(Upstream(self._pool, self.replicas, self.health,
                                             self.metrics, s.proxy, self.upstream_auth))
+        if self.kv is not None:
+            await self.kv.start()
         if s.discovery.type == "static" and s.replicas:
             self.publish(s.replicas)  # ready from the first request, before any task ran
         discovery = self.discovery or make_discovery(s)
@@ -169,10 +187,14 @@ class RouterApp:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks = []
+        if self.kv is not None:
+            await self.kv.stop()
         for session in (self._session, self._control):
             if session is not None:
                 await session.close()
-        self._session = self._control = None
+        if self._pool is not None:
+            await self._pool.close()
+        self._session = self._control = self._pool = None
         if self.tracing is not None:  # flushes queued spans; the export may wait on the network
             tracing, self.tracing = self.tracing, None
             await asyncio.to_thread(tracing.shutdown)

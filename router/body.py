@@ -1,15 +1,19 @@
 """Request body handling for the /v1 endpoints: read it under a size limit, then parse and
-shape-check the JSON once (the parsed object feeds the routing key; the raw bytes are sent on)."""
+shape-check the JSON once (the parsed object feeds the routing key; the raw bytes are sent on).
+
+Parsing goes through `templates_audit.jsonfast.loads`: orjson when it is installed and its value
+is certainly json.loads's, else json.loads itself - so what is accepted, rejected and routed is
+exactly what json.loads decides (the 1.5 KB overhead body: ~10 -> ~4 us)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
 from prefix_asgi import BodyTooLarge, ClientGone, Receive
 from prefix_asgi import read_body as read_all
 from router.errors import InvalidRequest, PayloadTooLarge
+from templates_audit.jsonfast import loads
 
 __all__ = ["PROMPT_FIELDS", "ClientGone", "read_body", "validate_body"]
 
@@ -56,7 +60,7 @@ def validate_body(path: str, headers: Iterable[tuple[bytes, bytes]],
                                      f"{media.decode('latin-1')!r}", code="invalid_content_type")
             break
     try:
-        parsed = json.loads(body)
+        parsed = loads(body)
     except (ValueError, UnicodeDecodeError):
         raise InvalidRequest("request body is not valid JSON", code="invalid_json") from None
     except RecursionError:  # nesting deeper than the interpreter's recursion limit

@@ -48,6 +48,9 @@ class Chunks(NamedTuple):
     hashes: tuple[int, ...]  # chained; hashes[k] identifies the prompt up to the end of chunk k
     tokens: tuple[int, ...]  # estimated prompt tokens up to the end of chunk k (increasing)
     total: int  # estimated prompt tokens of the whole request
+    # the request's exact block keys (hashes of full blocks, tokens = block ends, total = the
+    # prompt's tokens) when precise routing computed them (`router.kv_events`); else None
+    exact: Chunks | None = None
 
 
 NO_CHUNKS = Chunks((), (), 0)

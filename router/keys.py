@@ -71,7 +71,11 @@ _RECORD = "\x1e"
 _HEADER_END = "\x1d"
 
 _CHAT_ROLES = frozenset({"system", "developer"})
+_STATE_ROLES = ("assistant", "tool")
 _CUT_CACHE_SIZE = 4096
+_KIND_CACHE_SIZE = 256  # request paths -> API kind (a few distinct paths in practice)
+_UNKNOWN = object()
+_kinds: dict[str, str | None] = {}
 
 
 class KeySource(StrEnum):
@@ -157,16 +161,19 @@ def derive(
     """The routing key of one request (see the module docstring for the rules)."""
     wanted = _headers(headers, (config.key_header, config.session_header))
     session = wanted.get(config.session_header)
-    conversation = _conversation(path, session, body, config)
+    kind = _api_kind(path)
+    conversation = _conversation(kind, session, body, config)
     sticky = conversation is not None and (bool(session) or _has_state(body))
     override = wanted.get(config.key_header)
     if override:
         return RoutingKey(override, conversation, KeySource.HEADER, 0, sticky)
-    if body is not None:
-        ex = explain(path, body, config)
-        if ex is not None and ex.content_chars >= max(1, config.min_prefix_chars):
-            digest = xxhash.xxh3_128_hexdigest(ex.text.encode("utf-8", "surrogatepass"))
-            return RoutingKey(digest, conversation, KeySource.PREFIX, len(ex.text), sticky)
+    if kind is not None and _is_mapping(body):
+        assert body is not None
+        header, content, _, _, _ = _prefix_parts(kind, body, config)
+        if len(content) >= max(1, config.min_prefix_chars):
+            text = header + content
+            digest = xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))
+            return RoutingKey(digest, conversation, KeySource.PREFIX, len(text), sticky)
     if conversation is not None:
         return RoutingKey(None, conversation, KeySource.CONVERSATION, 0, sticky)
     return RoutingKey(None, None, KeySource.NONE, 0)
@@ -174,15 +181,25 @@ def derive(
 
 def _has_state(body: Mapping[str, Any] | None) -> bool:
     """An explicit ``user`` or chat history (assistant/tool turns) in the body."""
-    if not isinstance(body, Mapping):
+    if not _is_mapping(body):
         return False
+    assert body is not None
     user = body.get("user")
     if isinstance(user, str) and user:
         return True
     messages = body.get("messages")
     if not isinstance(messages, list):
         return False
-    return any(isinstance(m, Mapping) and m.get("role") in ("assistant", "tool") for m in messages)
+    for m in messages:
+        if _is_mapping(m) and m.get("role") in _STATE_ROLES:
+            return True
+    return False
+
+
+def _is_mapping(value: object) -> bool:
+    """``isinstance(value, Mapping)``, with the decoded-JSON case (a dict) first: the ABC check
+    costs several times a type test, and bodies are checked field by field."""
+    return type(value) is dict or isinstance(value, Mapping)
 
 
 def canonical_prefix(path: str, body: Mapping[str, Any], config: KeyConfig = KeyConfig()) -> str:
@@ -198,6 +215,22 @@ def explain(
     kind = _api_kind(path)
     if kind is None or not isinstance(body, Mapping):
         return None
+    header, content, full, truncated, cut = _prefix_parts(kind, body, config)
+    return PrefixExplanation(
+        text=header + content,
+        header_chars=len(header),
+        content_chars=len(content),
+        full_content_chars=full,
+        cut=cut,
+        truncated=truncated,
+    )
+
+
+def _prefix_parts(
+    kind: str, body: Mapping[str, Any], config: KeyConfig
+) -> tuple[str, str, int, bool, VolatileCut | None]:
+    """(header, content kept, content length before truncation and cut, truncated, cut): the
+    canonical prefix of a body of API ``kind`` is ``header + content``."""
     if kind == "chat":
         content, scan = _chat_content(body), True
     else:
@@ -213,17 +246,20 @@ def explain(
     cut = _volatile_cut(content) if scan and content else None
     if cut is not None:
         content = content[: cut.offset]
-    return PrefixExplanation(
-        text=header + content,
-        header_chars=len(header),
-        content_chars=len(content),
-        full_content_chars=full,
-        cut=cut,
-        truncated=truncated,
-    )
+    return header, content, full, truncated, cut
 
 
 def _api_kind(path: str) -> str | None:
+    kind = _kinds.get(path, _UNKNOWN)
+    if kind is _UNKNOWN:
+        kind = _kind_of(path)
+        if len(_kinds) >= _KIND_CACHE_SIZE:
+            _kinds.clear()
+        _kinds[path] = kind
+    return kind  # type: ignore[return-value]
+
+
+def _kind_of(path: str) -> str | None:
     path = path.split("?", 1)[0].rstrip("/")
     if path.endswith("/chat/completions"):
         return "chat"
@@ -250,22 +286,23 @@ def _headers(headers: Mapping[str, str], names: Sequence[str]) -> dict[str, str]
 
 
 def _conversation(
-    path: str, session: str | None, body: Mapping[str, Any] | None, config: KeyConfig
+    kind: str | None, session: str | None, body: Mapping[str, Any] | None, config: KeyConfig
 ) -> str | None:
     if session:
         return session
-    if not isinstance(body, Mapping):
+    if not _is_mapping(body):
         return None
+    assert body is not None
     user = body.get("user")
     if isinstance(user, str) and user:
         return user
-    if _api_kind(path) != "chat":
+    if kind != "chat":
         return None
     messages = body.get("messages")
     if not isinstance(messages, list):
         return None
     for message in messages:
-        if isinstance(message, Mapping) and message.get("role") == "user":
+        if _is_mapping(message) and message.get("role") == "user":
             text = _identity_text(message.get("content"))[: config.max_prefix_chars]
             if not text:
                 return None  # an empty opener would merge unrelated conversations into one
@@ -287,7 +324,7 @@ def _chat_content(body: Mapping[str, Any]) -> str:
     messages = body.get("messages")
     if isinstance(messages, list):
         for message in messages:
-            role = message.get("role") if isinstance(message, Mapping) else None
+            role = message.get("role") if _is_mapping(message) else None
             if not isinstance(role, str) or role not in _CHAT_ROLES:  # a list is not hashable
                 break
             text, complete = _text_parts(message.get("content"))
@@ -306,7 +343,7 @@ def _text_parts(content: Any) -> tuple[str, bool]:
         return "", content is None
     texts: list[str] = []
     for part in content:
-        if isinstance(part, Mapping) and part.get("type") == "text":
+        if _is_mapping(part) and part.get("type") == "text":
             text = part.get("text")
             texts.append(text if isinstance(text, str) else "")
         else:

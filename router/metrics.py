@@ -42,11 +42,13 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from router.usage import Usage
 
-__all__ = ["DURATION_BUCKETS", "DistinctKeys", "REPLICA_STATES", "RouterMetrics", "TTFB_BUCKETS"]
+__all__ = ["DURATION_BUCKETS", "DistinctKeys", "KV_LAG_BUCKETS", "REPLICA_STATES", "RouterMetrics",
+           "TTFB_BUCKETS"]
 
 TTFB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 REPLICA_STATES = ("healthy", "unhealthy", "draining")
+KV_LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
 class DistinctKeys:
@@ -149,6 +151,29 @@ class RouterMetrics:
             "this router prefilled their prefix on the chosen replica (routing.hold_tokens), "
             "by replica and outcome=answered|timeout", ["replica", "outcome"],
             buckets=TTFB_BUCKETS, registry=r)
+        # routing.kv_events (router/kv_events): replica labels come from membership; type is
+        # the event type, reason / outcome fixed vocabularies (router.kv_events.subscriber)
+        self.kv_events = Counter(p + "kv_events_total", "KV-cache events applied to the precise "
+                                 "index, by replica and type=BlockStored|BlockRemoved|"
+                                 "AllBlocksCleared", ["replica", "type"], registry=r)
+        self.kv_lag = Histogram(p + "kv_event_lag_seconds", "From an event batch's timestamp "
+                                "(the replica's clock) to its application in the index",
+                                buckets=KV_LAG_BUCKETS, registry=r)
+        self.kv_index_blocks = Gauge(p + "kv_index_blocks", "Blocks the precise index holds "
+                                     "for the replica (its prefix cache, as its events report)",
+                                     ["replica"], registry=r, multiprocess_mode="max")
+        self.kv_replica_precise = Gauge(p + "kv_replica_precise", "1 while the replica's "
+                                        "event stream is live (precise routing), 0 while it "
+                                        "falls back to the approximate index", ["replica"],
+                                        registry=r, multiprocess_mode="min")
+        self.kv_resyncs = Counter(p + "kv_resyncs_total", "Resyncs of a replica's event "
+                                  "stream, by reason=connect|reconnect|gap|malformed|ejected|"
+                                  "error and outcome=continued|replayed|partial|no_replay|failed",
+                                  ["replica", "reason", "outcome"], registry=r)
+        self.kv_drops = Counter(p + "kv_dropped_replicas_total", "Times a replica's entries "
+                                  "were dropped from the precise index rather than kept stale, "
+                                  "by reason", ["replica", "reason"], registry=r)
+        self._kv_types: dict[tuple[str, str], Counter] = {}
         self._cached: dict[str, tuple[Counter, Counter, Counter]] = {}
         self._keys = DistinctKeys()
         self._keys_refreshed = 0.0
@@ -220,6 +245,39 @@ class RouterMetrics:
 
     def hold(self, replica: str, outcome: str, seconds: float) -> None:
         self.held.labels(replica, outcome).observe(seconds)
+
+    def kv_batch(self, replica: str, batch: object, lag: float, blocks: int) -> None:
+        """One applied event batch of ``replica`` (`router.kv_events.wire.EventBatch`)."""
+        counters = self._kv_types
+        for event in batch.events:  # type: ignore[attr-defined]
+            key = (replica, type(event).__name__)
+            c = counters.get(key)
+            if c is None:
+                c = counters[key] = self.kv_events.labels(*key)
+            c.inc()
+        self.kv_lag.observe(max(0.0, lag))
+        self.kv_index_blocks.labels(replica).set(blocks)
+
+    def kv_blocks(self, replica: str, blocks: int) -> None:
+        self.kv_index_blocks.labels(replica).set(blocks)
+
+    def kv_precise(self, replica: str, live: bool) -> None:
+        self.kv_replica_precise.labels(replica).set(1 if live else 0)
+
+    def kv_resync(self, replica: str, reason: str, outcome: str) -> None:
+        self.kv_resyncs.labels(replica, reason, outcome).inc()
+
+    def kv_dropped(self, replica: str, reason: str, blocks: int) -> None:
+        """``replica``'s entries were dropped (counted only when there were any)."""
+        if blocks:
+            self.kv_drops.labels(replica, reason).inc()
+
+    def kv_forget(self, replica: str) -> None:
+        """``replica`` left the membership: drop its gauges."""
+        for family in (self.kv_index_blocks, self.kv_replica_precise):
+            with contextlib.suppress(KeyError):
+                family.remove(replica)
+        self._kv_types = {k: v for k, v in self._kv_types.items() if k[0] != replica}
 
     def scraped_load(self, replica: str, running: float, waiting: float, kv_usage: float) -> None:
         self.scraped.labels(replica, "running").set(running)

@@ -4,7 +4,7 @@ Algorithm for a request whose policy Decision lists candidates c0, c1, ...:
 
 1. For each of the first `proxy.max_attempts` candidates that is still available: send the raw
    body bytes (never re-serialised) with the request headers minus hop-by-hop ones, through the
-   shared aiohttp ClientSession (keep-alive pool, one per app).
+   app's `router.upstream.UpstreamPool` (keep-alive connections, one pool per app).
 2. A failure before anything reached the client - connect refused or timed out, no response
    headers within `first_byte_timeout`, the connection dying before the first body chunk - or a
    502/503 answer, moves on to the next candidate while one remains
@@ -18,8 +18,8 @@ Algorithm for a request whose policy Decision lists candidates c0, c1, ...:
    ends an SSE stream with `data: {"error": ...}` and a non-SSE body by aborting the connection.
    So does the end of the shutdown grace period, when uvicorn cancels the request's task.
 
-Timeouts: `connect_timeout` for the TCP connect; `first_byte_timeout` (aiohttp's per-read timer)
-for response headers and the first body chunk; `idle_timeout` between later chunks, enforced by an
+Timeouts: `connect_timeout` for the TCP connect; `first_byte_timeout` for the response head and
+the first body chunk (each wait); `idle_timeout` between later chunks, enforced by an
 `IdleWatchdog` that arms one timer per idle period rather than one per chunk.
 
 Client disconnect: `receive()` is awaited by a `DisconnectWatch` (no Task) while the upstream
@@ -42,7 +42,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import aiohttp
 from yarl import URL
@@ -61,6 +61,7 @@ from router.health import HealthMonitor
 from router.metrics import RouterMetrics
 from router.replicas import ReplicaSet, ReplicaState
 from router.settings import ProxySettings
+from router.upstream import Origin, Response, UpstreamPool, origin_of
 from router.usage import UsageTap
 
 
@@ -133,7 +134,7 @@ def strip_hop_by_hop(headers: Iterable[tuple[bytes, bytes]],
 class Upstream:
     """What the proxy needs from the app, set up in the lifespan."""
 
-    session: aiohttp.ClientSession
+    pool: UpstreamPool
     replicas: ReplicaSet
     health: HealthMonitor
     metrics: RouterMetrics
@@ -142,8 +143,10 @@ class Upstream:
 
 
 def make_session(settings: ProxySettings) -> aiohttp.ClientSession:
-    """The hot-path client: one pool per app, keep-alive shorter than uvicorn's 5 s default so a
-    pooled connection is never reused just as vLLM closes it."""
+    """The app's aiohttp client for what is not proxied request by request (``GET /v1/models``
+    fan-out): one pool per app, keep-alive shorter than uvicorn's 5 s default so a pooled
+    connection is never reused just as vLLM closes it. Proxied requests go through
+    `router.upstream.UpstreamPool` (the same keep-alive rule)."""
     connector = aiohttp.TCPConnector(limit=settings.max_in_flight + 16,
                                      limit_per_host=settings.max_in_flight,
                                      keepalive_timeout=4.0, ttl_dns_cache=10)
@@ -153,17 +156,21 @@ def make_session(settings: ProxySettings) -> aiohttp.ClientSession:
                                  cookie_jar=aiohttp.DummyCookieJar())
 
 
+class _Failable(Protocol):
+    def set_exception(self, exc: BaseException) -> None: ...
+
+
 class IdleWatchdog:
     """Fails a response body with TimeoutError once no chunk arrived for `idle` seconds.
 
     One timer per `idle` period that re-arms itself from the time of the last chunk, instead of
-    aiohttp's per-read timer that is cancelled and re-created on every socket read (measurable
-    per relayed chunk). The reader sets `last` after each chunk.
+    a per-read timer that is cancelled and re-created on every socket read (measurable per
+    relayed chunk). The reader sets `last` after each chunk.
     """
 
     __slots__ = ("content", "handle", "idle", "last", "loop")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, content: aiohttp.StreamReader,
+    def __init__(self, loop: asyncio.AbstractEventLoop, content: _Failable,
                  idle: float) -> None:
         self.loop = loop
         self.content = content
@@ -236,33 +243,47 @@ class DisconnectWatch:
             self._coro.close()
 
 
+class _Target(NamedTuple):
+    """One replica URL plus a request's path and query, as the upstream client takes it."""
+
+    origin: Origin
+    target: bytes  # raw path and query: the request line's target
+    text: str  # the whole URL (tracing)
+
+
 class Forwarder:
     def __init__(self, up: Upstream) -> None:
         self.up = up
-        s = up.settings
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=s.connect_timeout,
-                                              sock_read=s.first_byte_timeout)
-        self._urls: dict[tuple[str, bytes, bytes], URL] = {}
+        self._targets: dict[tuple[str, bytes, bytes], _Target] = {}
 
-    def _url(self, base: str, raw_path: bytes, query: bytes) -> URL:
+    def _target(self, base: str, raw_path: bytes, query: bytes) -> _Target:
         k = (base, raw_path, query)
-        url = self._urls.get(k)
-        if url is None:
-            if len(self._urls) >= _URL_CACHE_MAX:
-                self._urls.clear()
-            text = base + raw_path.decode("latin-1") + ("?" + query.decode("latin-1") if query
-                                                        else "")
-            url = self._urls[k] = URL(text, encoded=True)
-        return url
+        t = self._targets.get(k)
+        if t is None:
+            if len(self._targets) >= _URL_CACHE_MAX:
+                self._targets.clear()
+            target = raw_path + (b"?" + query if query else b"")
+            url = URL(base)
+            t = self._targets[k] = _Target(
+                origin_of(url.scheme, url.raw_host or "", url.explicit_port),
+                target, base + target.decode("latin-1"))
+        return t
 
-    def request_headers(self, scope_headers: Iterable[tuple[bytes, bytes]]
-                        ) -> list[tuple[str, str]]:
+    def raw_request_headers(self, scope_headers: Iterable[tuple[bytes, bytes]]
+                            ) -> list[tuple[bytes, bytes]]:
+        """The headers sent on: hop-by-hop and recomputed ones dropped, the upstream key in
+        place of the client's Authorization when one is configured."""
         headers = strip_hop_by_hop(scope_headers, _REQUEST_RECOMPUTED)
         auth = self.up.upstream_auth
         if auth is not None:
             headers = [h for h in headers if h[0] != b"authorization"]
             headers.append(auth)
-        return [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers]
+        return headers
+
+    def request_headers(self, scope_headers: Iterable[tuple[bytes, bytes]]
+                        ) -> list[tuple[str, str]]:
+        return [(n.decode("latin-1"), v.decode("latin-1"))
+                for n, v in self.raw_request_headers(scope_headers)]
 
     async def forward(self, scope: Scope, receive: Receive, send: Send, body: bytes | None,
                       candidates: Iterable[str], record: AccessRecord,
@@ -296,7 +317,7 @@ class Forwarder:
                         candidates: Iterable[str], record: AccessRecord,
                         hooks: Attempts | None, trace: AttemptTrace | None) -> None:
         up = self.up
-        headers = self.request_headers(scope["headers"])
+        headers = self.raw_request_headers(scope["headers"])
         method = scope["method"]
         raw_path = scope.get("raw_path") or scope["path"].encode()
         query = scope.get("query_string", b"")
@@ -313,9 +334,9 @@ class Forwarder:
             name = replica.name
             last = tried == len(plan)
             record.replica, record.attempts = name, tried
-            url = self._url(replica.url, raw_path, query)
+            target = self._target(replica.url, raw_path, query)
             try:
-                retry_reason = await self._one(replica, method, url, headers, body, send,
+                retry_reason = await self._one(replica, method, target, headers, body, send,
                                                record, last, hooks, trace)
             except UpstreamError as exc:
                 if not exc.before_response:
@@ -330,15 +351,19 @@ class Forwarder:
             up.metrics.retry(name, retry_reason)
         raise NoReplicaAvailable("no replica reachable", retry_after=1)
 
-    async def _one(self, replica: ReplicaState, method: str, url: URL,
-                   headers: list[tuple[str, str]], body: bytes | None, send: Send,
+    async def _one(self, replica: ReplicaState, method: str, target: _Target,
+                   headers: list[tuple[bytes, bytes]], body: bytes | None, send: Send,
                    record: AccessRecord, last: bool, hooks: Attempts | None,
                    trace: AttemptTrace | None) -> str | None:
         """One attempt. Returns a retry reason, or None once the response was relayed."""
         up = self.up
+        s = up.settings
         name = replica.name
         if trace is not None:
-            headers = trace.attempt(name, url, method, headers)
+            traced = trace.attempt(name, URL(target.text, encoded=True), method,
+                                   [(n.decode("latin-1"), v.decode("latin-1"))
+                                    for n, v in headers])
+            headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in traced]
         replica.in_flight += 1
         up.metrics.dispatched(name)
         if hooks is not None:
@@ -346,13 +371,14 @@ class Forwarder:
         t0 = time.perf_counter()
         ttfb: float | None = None
         status = CLIENT_CLOSED  # what the metric says if we are cancelled before knowing better
-        resp: aiohttp.ClientResponse | None = None
+        resp: Response | None = None
         failure: str | None = "cancelled"  # for the trace: why the attempt did not succeed
         try:
             try:
                 with translate_upstream(name, "connect/headers", before_response=True):
-                    resp = await up.session.request(method, url, data=body, headers=headers,
-                                                    timeout=self._timeout, allow_redirects=False)
+                    resp = await up.pool.request(
+                        target.origin, method, target.target, headers, body,
+                        connect_timeout=s.connect_timeout, read_timeout=s.first_byte_timeout)
             except UpstreamError as exc:
                 status, failure = exc.status, exc.reason
                 up.health.record_failure(replica, exc.reason)
@@ -360,7 +386,7 @@ class Forwarder:
             status = resp.status
             if status in RETRY_STATUSES and not last:
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
-                    await resp.read()
+                    await resp.read(s.first_byte_timeout)
                 up.health.record_failure(replica, "5xx")
                 failure = f"status_{status}"
                 return failure
@@ -386,7 +412,7 @@ class Forwarder:
             if hooks is not None:
                 hooks.ended(replica)
             if resp is not None:
-                if resp.content.is_eof():
+                if resp.is_eof():
                     resp.release()
                 else:  # half-read: never back to the pool; closing makes vLLM abort
                     resp.close()
@@ -398,17 +424,16 @@ class Forwarder:
                 trace.attempt_end(None if resp is None else resp.status, record.ttfb_ms,
                                   failure, not (last or relayed or failure == "cancelled"))
 
-    async def _relay(self, replica: ReplicaState, resp: aiohttp.ClientResponse, send: Send,
+    async def _relay(self, replica: ReplicaState, resp: Response, send: Send,
                      record: AccessRecord, t0: float, hooks: Attempts | None
                      ) -> tuple[float, str | None]:
         """Relay status, headers and body. Returns the time to the first body byte and, if the
         upstream failed after the response started, the failure reason."""
-        headers = strip_hop_by_hop(resp.raw_headers)
+        headers = strip_hop_by_hop(resp.headers)
         if self.up.settings.replica_header:
             headers.append((REPLICA_HEADER, replica.name.encode()))
-        content = resp.content
         with translate_upstream(replica.name, "first byte", before_response=True):
-            first = await content.readany()
+            first = await resp.read_chunk(self.up.settings.first_byte_timeout)
         ttfb = time.perf_counter() - t0
         record.ttfb_ms = ttfb * 1000  # here, not by the caller: a cancelled relay keeps it
         tap = None
@@ -417,24 +442,21 @@ class Forwarder:
             tap = hooks.tap
             if tap is not None:
                 tap.feed(first)
-        if not first or content.is_eof():
+        if not first or resp.is_eof():
             await send({"type": "http.response.start", "status": resp.status, "headers": headers})
             await send({"type": "http.response.body", "body": first})
             record.bytes_out = len(first)
             return ttfb, None
         sse = resp.content_type == "text/event-stream"
-        proto = resp.connection.protocol if resp.connection is not None else None
-        if proto is not None:
-            proto.read_timeout = None  # the watchdog below takes over
         loop = asyncio.get_running_loop()
-        watchdog = IdleWatchdog(loop, content, self.up.settings.idle_timeout)
+        watchdog = IdleWatchdog(loop, resp, self.up.settings.idle_timeout)
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         await send({"type": "http.response.body", "body": first, "more_body": True})
         sent = len(first)
         try:
             with translate_upstream(replica.name, "stream"):
                 while True:
-                    chunk = await content.readany()
+                    chunk = await resp.read_chunk()
                     if not chunk:
                         break
                     watchdog.last = loop.time()

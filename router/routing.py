@@ -37,7 +37,13 @@ caller dispatches this request only once the leader's ``when_answered`` fired (i
 started, so the prefix is cached, or its attempt ended), or after ``hold_timeout``. Routing
 itself waits for nothing.
 
-Cost (cache_aware): O(prompt) hashing, O(chunks) index lookups, O(N) scoring; no tokenizer.
+Precise routing (``routing.kv_events``): the ``exact`` hook (`router.kv_events`) adds the
+request's exact block keys to its chunks (``Chunks.exact``, its exact prompt tokens as
+``total``); the index (`router.kv_events.index.KvIndex`) matches them against what the
+replicas' own KV events report and answers from the approximate index for the rest.
+
+Cost (cache_aware): O(prompt) hashing, O(chunks) index lookups, O(N) scoring; no tokenizer
+(with precise routing: plus the render and incremental encode of `router.kv_events`).
 """
 
 from __future__ import annotations
@@ -65,7 +71,10 @@ from router.replicas import ReplicaSet, ReplicaState
 from router.settings import RoutingSettings
 from router.usage import UsageTap
 
-__all__ = ["RecentLoad", "Routed", "Router"]
+__all__ = ["ExactKeys", "RecentLoad", "Routed", "Router"]
+
+# path, parsed body, model pool -> the request's exact block keys (`Chunks.exact`) or None
+ExactKeys = Callable[[str, Mapping[str, Any] | None, Pool | None], Chunks | None]
 
 _EMA = 0.05  # weight of one request in the running mean of predicted prefill tokens
 
@@ -247,9 +256,12 @@ class Router:
     """Routing for one process: the policy or pipeline, and the prefix index it learns in."""
 
     def __init__(self, settings: RoutingSettings, replicas: ReplicaSet,
-                 index: PrefixIndex | None = None) -> None:
+                 index: PrefixIndex | None = None, exact: ExactKeys | None = None) -> None:
         self.settings = settings
         self.replicas = replicas
+        # precise routing (router.kv_events): the request's exact block keys, carried to the
+        # index as ``chunks.exact``; None when off or when the request has none
+        self.exact = exact
         self.key_config: KeyConfig = key_config(settings)
         self.bound = LoadBound(settings.load_factor, settings.cache_load_floor
                                if settings.policy == "cache_aware" else settings.load_floor)
@@ -296,6 +308,10 @@ class Router:
             return Routed(key, self._lora(pool, decision, states), NO_CHUNKS, {}, None, tap)
         s = self.settings
         chunks = request_chunks(path, body, s.chunk_chars, s.chars_per_token)
+        if self.exact is not None:
+            exact = self.exact(path, body, pool)
+            if exact is not None:  # exact tokens replace the estimate wherever it was used
+                chunks = chunks._replace(total=exact.total, exact=exact)
         assert self.index is not None
         self._sync_capacity(fleet_states)
         cached: dict[str, int] = {}

@@ -29,7 +29,8 @@ import yaml
 
 __all__ = [
     "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
-    "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery", "LOG_LEVELS",
+    "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery",
+    "KvEventsSettings", "LOG_LEVELS",
     "LimitsSettings", "Listen", "LoggingSettings", "POLICIES", "ProxySettings", "RINGS",
     "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV", "ScrapeSettings", "Settings",
     "SettingsError", "ShutdownSettings", "TracingSettings", "load_settings", "parse_backend",
@@ -156,6 +157,20 @@ def _url_ok(v: object) -> bool:
         and not parts.query and not parts.fragment
 
 
+_ZMQ_DESC = "a ZMQ endpoint like 'tcp://host:port' or null"
+
+
+def _zmq_ok(v: object) -> bool:
+    if v is None:
+        return True
+    if not isinstance(v, str) or not v.startswith(("tcp://", "ipc://")):
+        return False
+    if v.startswith("ipc://"):
+        return len(v) > 6
+    parts = urlsplit(v)
+    return bool(parts.hostname) and parts.port is not None and parts.path == ""
+
+
 def _url(r: _Reader, name: str) -> str:
     return r.check(name, None, "an http(s) URL like 'http://host:port'", _url_ok,
                    lambda v: str(v).rstrip("/"))
@@ -179,6 +194,9 @@ class ReplicaSpec:
     # the model names (base models, LoRA adapters) the replica serves; None: learn them from
     # its /v1/models
     models: tuple[str, ...] | None = None
+    # routing.kv_events: this replica's ZMQ endpoints when not <its host>:<port> (static only)
+    kv_events_endpoint: str | None = None
+    kv_replay_endpoint: str | None = None
 
     @classmethod
     def parse(cls, r: _Reader) -> ReplicaSpec:
@@ -189,7 +207,9 @@ class ReplicaSpec:
                              isinstance(m, str) and m for m in v)),
                          lambda v: None if v is None else tuple(v))
         return cls(name=name, url=_url(r, "url"), weight=r.integer("weight", 1, 1, 1000),
-                   models=models)
+                   models=models,
+                   kv_events_endpoint=r.check("kv_events_endpoint", None, _ZMQ_DESC, _zmq_ok),
+                   kv_replay_endpoint=r.check("kv_replay_endpoint", None, _ZMQ_DESC, _zmq_ok))
 
 
 @dataclass(frozen=True)
@@ -251,6 +271,42 @@ class DiscoverySettings:
 
 
 @dataclass(frozen=True)
+class KvEventsSettings:
+    """`routing.kv_events`: subscribe to every replica's vLLM KV-cache events
+    (`router.kv_events`, needs the `kv` extra). A replica's endpoint is
+    ``tcp://<its URL's host>:<port>`` (a Kubernetes pod IP works as-is) unless its static entry
+    names ``kv_events_endpoint``; its replay endpoint the same with ``replay_port`` (null: no
+    replay - a gap then drops the replica's entries). ``topic`` is vLLM's
+    ``KVEventsConfig.topic``. ``replay_timeout``: how long a replay may stay silent before it
+    counts as failed; ``speculative_ttl``: how long a routing decision counts as cached on its
+    replica before that replica's own events confirm it."""
+
+    enabled: bool = False
+    port: int = 5557
+    replay_port: int | None = 5558
+    topic: str = ""
+    replay_timeout: float = 2.0
+    speculative_ttl: float = 2.0
+    retry_max: float = 30.0  # backoff cap between failed resyncs of one replica
+
+    @classmethod
+    def parse(cls, r: _Reader) -> KvEventsSettings:
+        replay = r.raw("replay_port", cls.replay_port)
+        if replay is not None and not (isinstance(replay, int) and not isinstance(replay, bool)
+                                       and 1 <= replay <= 65535):
+            raise SettingsError(f"{r.key('replay_port')}: expected a port in [1, 65535] or null, "
+                                f"got {replay!r}")
+        return cls(enabled=r.boolean("enabled", cls.enabled),
+                   port=r.integer("port", cls.port, 1, 65535),
+                   replay_port=replay,
+                   topic=r.check("topic", cls.topic, "a string",
+                                 lambda v: isinstance(v, str)),
+                   replay_timeout=r.number("replay_timeout", cls.replay_timeout, gt=0),
+                   speculative_ttl=r.number("speculative_ttl", cls.speculative_ttl, ge=0),
+                   retry_max=r.number("retry_max", cls.retry_max, gt=0))
+
+
+@dataclass(frozen=True)
 class RoutingSettings:
     policy: str = "cache_aware"
     ring: str = "xxhash"
@@ -281,6 +337,11 @@ class RoutingSettings:
     rate_factor: float = 2.0
     rate_window: float = 8.0
     rate_first_turns: bool = True
+    # precise routing from the replicas' KV-cache events (cache_aware only): the files the
+    # router renders and tokenises requests with, exactly as the replicas' vLLM does
+    kv_events: KvEventsSettings = field(default_factory=KvEventsSettings)
+    tokenizer: str | None = None  # a tokenizer.json (or its directory); null: the default one
+    chat_template: str | None = None  # null: the tokenizer's bundled template, else ChatML
 
     @classmethod
     def parse(cls, r: _Reader) -> RoutingSettings:
@@ -320,7 +381,13 @@ class RoutingSettings:
                                     lambda v: isinstance(v, int | float)
                                     and not isinstance(v, bool) and (v == 0 or v >= 1), float),
                 rate_window=r.number("rate_window", cls.rate_window, ge=1),
-                rate_first_turns=r.boolean("rate_first_turns", cls.rate_first_turns))
+                rate_first_turns=r.boolean("rate_first_turns", cls.rate_first_turns),
+                kv_events=_section(r, "kv_events", KvEventsSettings),
+                tokenizer=r.opt_string("tokenizer"),
+                chat_template=r.opt_string("chat_template"))
+        if s.kv_events.enabled and s.policy != "cache_aware":
+            raise SettingsError(f"{r.key('kv_events.enabled')}: needs routing.policy "
+                                f"cache_aware, got policy {s.policy!r}")
         if s.cache_weight + s.load_weight + s.home_weight <= 0:
             raise SettingsError(f"{r.key('cache_weight')}: expected the cache, load and home "
                                 f"weights not all 0, got {s.cache_weight!r}")
@@ -329,6 +396,13 @@ class RoutingSettings:
                                 f"min_prefix_chars ({s.min_prefix_chars}), "
                                 f"got {s.max_prefix_chars!r}")
         return s
+
+
+def _section(r: _Reader, name: str, cls: Any) -> Any:
+    sub = r.sub(name)
+    value = cls.parse(sub)
+    sub.done()
+    return value
 
 
 @dataclass(frozen=True)
@@ -596,6 +670,9 @@ class Settings:
         """Cross-section checks that only matter when serving (not when rendering configs)."""
         if self.discovery.type == "static" and not self.replicas:
             raise SettingsError("replicas: static discovery needs at least one replica, got []")
+        if self.routing.kv_events.enabled and not _kv_installed():
+            raise SettingsError("routing.kv_events.enabled: true needs the kv extra "
+                                "(pip install 'prefix-router[kv]'), got True")
         if self.tracing.enabled and not _otel_installed():
             raise SettingsError("tracing.enabled: true needs the otel extra "
                                 "(pip install 'prefix-router[otel]'), got True")
@@ -608,6 +685,11 @@ def _otel_installed() -> bool:
             "opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"))
     except ImportError:  # a parent package is missing
         return False
+
+
+def _kv_installed() -> bool:
+    """Whether the `kv` extra's packages (pyzmq, msgpack) can be imported."""
+    return all(importlib.util.find_spec(m) is not None for m in ("zmq", "msgpack"))
 
 
 def parse_backend(text: str, index: int) -> dict[str, Any]:

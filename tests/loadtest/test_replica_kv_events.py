@@ -420,7 +420,8 @@ def test_lora_reset_and_token_ids(kv_replica: Callable[..., tuple[str, Subscribe
 
 def test_a_malformed_replay_request_is_ignored(kv_replica: Callable[..., tuple[str, Subscriber]]) -> None:
     url, sub = kv_replica(kv_blocks=32, block_size=4)
-    wait_subscribed(sub, lambda: complete(url, list(range(9))))
+    n = iter(range(1000))  # a new prompt per poke: a repeated one stores no new block
+    wait_subscribed(sub, lambda: complete(url, [next(n)] * 9))
     dealer = sub.ctx.socket(zmq.DEALER)
     dealer.connect(sub.replay_endpoint)
     dealer.send_multipart([b"", b"x", b"y"])  # four frames at the ROUTER: not a request

@@ -61,6 +61,11 @@ PINNED: dict[str, list[str]] = {
         "VllmLoad", "WAITING", "kv_capacity_tokens", "parse_lora_info", "parse_vllm_metrics"
     ],
     "router.kv_events": [],
+    "router.kv_events.index": ["KvIndex", "PreciseIndex", "lora_salt"],
+    "router.kv_events.replay": ["ReplayError", "fetch"],
+    "router.kv_events.request_keys": ["RequestKeys"],
+    "router.kv_events.service": ["KvEvents"],
+    "router.kv_events.subscriber": ["Feed", "KvSubscribers", "endpoints_for"],
     "router.kv_events.wire": [
         "AllBlocksCleared", "BlockHash", "BlockRemoved", "BlockStored", "Event", "EventBatch",
         "MEDIUM_CPU", "MEDIUM_GPU", "REPLAY_END", "SEQ_BYTES", "WireError", "decode_batch",
@@ -71,7 +76,8 @@ PINNED: dict[str, list[str]] = {
         "body_deadline", "ensure_descriptors", "header_bytes", "refused_by"
     ],
     "router.metrics": [
-        "DURATION_BUCKETS", "DistinctKeys", "REPLICA_STATES", "RouterMetrics", "TTFB_BUCKETS"
+        "DURATION_BUCKETS", "DistinctKeys", "KV_LAG_BUCKETS", "REPLICA_STATES", "RouterMetrics",
+        "TTFB_BUCKETS"
     ],
     "router.models": [
         "Pool", "PoolStatus", "ServedModels", "UNKNOWN", "catalog", "lora_affinity",
@@ -95,17 +101,18 @@ PINNED: dict[str, list[str]] = {
     "router.ring.nginx": [
         "NGINX_MAX_SKIPS", "NginxRing", "POINTS_PER_WEIGHT", "key_bytes", "split_server"
     ],
-    "router.routing": ["RecentLoad", "Routed", "Router"],
+    "router.routing": ["ExactKeys", "RecentLoad", "Routed", "Router"],
     "router.settings": [
         "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
         "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery",
-        "LOG_LEVELS", "LimitsSettings", "Listen", "LoggingSettings", "POLICIES", "ProxySettings",
+        "KvEventsSettings", "LOG_LEVELS", "LimitsSettings", "Listen", "LoggingSettings", "POLICIES", "ProxySettings",
         "RINGS", "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV", "ScrapeSettings",
         "Settings", "SettingsError", "ShutdownSettings", "TracingSettings", "load_settings",
         "parse_backend", "parse_size", "settings_from_env", "write_settings_file"
     ],
     "router.tracing": ["ATTRIBUTES", "RequestTrace", "Tracing", "operation_name"],
     "router.usage": ["TAIL_BYTES", "Usage", "UsageTap", "parse_usage"],
+    "router.upstream": ["HIGH_WATER", "Origin", "Response", "UpstreamPool", "origin_of"],
 }  # fmt: skip
 
 

@@ -194,3 +194,92 @@ def test_reset_clears_and_replay_answers(fleet: VllmFleet, subscriber: Subscribe
     seqs = [s for s, _ in replayed]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # consecutive, ends with the marker
     assert any(AllBlocksCleared() in b.events for _, b in replayed)
+
+
+class CountIndex:
+    """A subscriber's index of one replica as per-hash counts (vLLM may hold two copies of a
+    hash: each copy is stored and removed on its own; docs/kv-events.md)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[int | bytes, int] = {}
+        self.removed = 0
+
+    def apply(self, batch: EventBatch) -> None:
+        for e in batch.events:
+            if isinstance(e, BlockStored):
+                for h in e.block_hashes:
+                    self.counts[h] = self.counts.get(h, 0) + 1
+            elif isinstance(e, AllBlocksCleared):
+                self.counts.clear()
+            else:
+                self.removed += len(e.block_hashes)
+                for h in e.block_hashes:
+                    assert self.counts.get(h, 0) > 0, "vLLM removed a hash it never stored"
+                    self.counts[h] -= 1
+                    if not self.counts[h]:
+                        del self.counts[h]
+
+    def leading(self, hashes: list[int | bytes]) -> int:
+        n = 0
+        while n < len(hashes) and hashes[n] in self.counts:
+            n += 1
+        return n
+
+
+def test_events_follow_evictions_and_predict_vllms_cached_tokens(
+        fleet: VllmFleet, subscriber: Subscriber, unique: str) -> None:
+    """Prompts worth more than the replica's 512 blocks, after a reset: vLLM evicts and says so,
+    and an index fed only by its events predicts the cached_tokens vLLM then reports."""
+    url, bs = fleet.urls[0], fleet.block_size
+    for _ in range(100):  # vLLM refuses a reset while requests hold blocks
+        if fleet.metrics(0).get("vllm:num_requests_running", 0) == 0:
+            break
+        time.sleep(0.1)
+    assert post(url, "/reset_prefix_cache") == {"success": True}
+    index = CountIndex()
+    prompts = [unique + f" part {k} " + prose(f"{unique}-evict-{k}", 1250) for k in range(6)]
+    hashes: list[list[int | bytes]] = []
+    lengths: list[int] = []
+    for k, prompt in enumerate(prompts):
+        ids = post(url, "/tokenize", {"model": MODEL, "prompt": prompt})["tokens"]
+        assert 2800 < len(ids) < fleet.max_model_len, len(ids)
+        post(url, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 1})
+        stored: list[BlockStored] = []
+        for _ in range(60):  # this prompt's blocks, in order (requests run one at a time)
+            if sum(len(e.block_hashes) for e in stored) >= len(ids) // bs:
+                break
+            got = subscriber.recv(1000)
+            if got is not None:
+                index.apply(got[1])
+                stored += [e for e in got[1].events if isinstance(e, BlockStored)]
+        else:
+            raise AssertionError(f"prompt {k}: its BlockStored did not all arrive")
+        assert [t for e in stored for t in e.token_ids] == ids[:len(ids) // bs * bs]
+        hashes.append([h for e in stored for h in e.block_hashes])
+        lengths.append(len(ids))
+    assert index.removed > 0, "no BlockRemoved although the prompts overflow the KV cache"
+    assert len(index.counts) <= 512
+    # what the index says of each prompt now, against what vLLM reports when it is sent again
+    # (the first prompt, evicted first, is re-sent first; each re-send changes the cache, so the
+    # index follows its events before predicting the next one)
+    checked = []
+    for k in (0, 5):
+        predicted = min(index.leading(hashes[k]), (lengths[k] - 1) // bs) * bs
+        usage = post(url, "/v1/completions", {"model": MODEL, "prompt": prompts[k],
+                                              "max_tokens": 1})["usage"]
+        reported = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        checked.append((k, predicted, reported))
+        marker = prose(f"{unique}-sync-{k}", 60)  # its BlockStored marks the end of the stream
+        mark_ids = post(url, "/tokenize", {"model": MODEL, "prompt": marker})["tokens"]
+        post(url, "/v1/completions", {"model": MODEL, "prompt": marker, "max_tokens": 1})
+        for _ in range(60):
+            got = subscriber.recv(1000)
+            assert got is not None, "the stream stopped"
+            index.apply(got[1])
+            if any(isinstance(e, BlockStored) and e.token_ids[:bs] == mark_ids[:bs]
+                   for e in got[1].events):
+                break
+    print(f"\nKV events after evictions: {index.removed} blocks removed; "
+          f"(prompt, predicted, reported cached tokens): {checked}")
+    assert [p for _, p, _ in checked] == [r for _, _, r in checked]
+    assert checked[1][1] > 0  # the latest prompt is still (partly) cached

@@ -1,0 +1,332 @@
+"""`python -m loadtest.bench_kv`: precise routing (the replicas' KV events) side by side with the
+other setups; writes the ``kv-events`` block of docs/benchmarks.md (`loadtest.doc_blocks`, so
+`make bench` keeps it).
+
+Cells (4 simulated replicas, the compare fleet's constrained KV cache and timing model, every
+replica publishing KV events - for every setup, so they all pay the publisher's CPU):
+
+- ``cache-pressure`` (modelled on llm-d's precise-prefix benchmark: many groups of long shared
+  prefixes): ``--groups`` system prompts of 2,500-3,500 tokens with uniform popularity, each
+  request one of them plus a question and ~50 pasted tokens; the prefixes total about 1.5x the
+  fleet's KV capacity, so which replica still holds which prefix - evictions - decides;
+- three `make bench` cells: shared-prefix, multi-turn, rag (`loadtest.cells.WORKLOADS`).
+
+Setups, each in front of a fresh fleet: ``router-cache_aware+kv`` (precise), ``router-
+cache_aware`` (approximate), ``router-prefix``, ``router-round_robin``, ``sglang-cache_aware``;
+on cache-pressure also 1, 2 and 4 precise router processes behind the round-robin splitter and
+sglang-router x2. Per run: the fleet's own hit rate (token counters), the client's TTFT, the
+router processes' CPU seconds per request (/proc schedstat of their PIDs) and, for the router,
+its predicted and the replicas' reported cached tokens (its /metrics).
+
+``--simulate`` runs the cache-pressure workload in `loadtest.simulate` instead (4 replicas and,
+as llm-d's, 16; precise routing with events that arrive at once) and writes the
+``kv-events-sim`` block.
+
+Cost: per setup one fleet start, one setup start and the run (8-20 s of traffic); about 8
+minutes on 2 cores (``--simulate``: about 3 minutes of one core). Run it under
+``flock /work/.bench.lock``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from loadtest.cells import WORKLOADS, BenchWorkload, cell_requests
+from loadtest.compare import FleetParams, machine_info
+from loadtest.doc_blocks import replace_block
+from loadtest.fleet import Fleet
+from loadtest.runner import Plan, run
+from loadtest.setups import (
+    Launched,
+    SetupError,
+    cpu_seconds,
+    launch,
+    parse_setup,
+    tiny_tokenizer_dir,
+)
+
+__all__ = ["BLOCK", "CACHE_PRESSURE", "SETUPS", "SIM_BLOCK", "SPLIT", "main", "render",
+           "render_simulated", "run_simulated"]
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK = "kv-events"
+SETUPS = ("router-cache_aware+kv", "router-cache_aware", "router-prefix", "router-round_robin",
+          "sglang-cache_aware")
+SPLIT = ("router-cache_aware-x1+kv", "router-cache_aware-x2+kv", "router-cache_aware-x4+kv",
+         "sglang-cache_aware-x2")
+CACHE_PRESSURE = BenchWorkload(
+    "cache-pressure", 240, 10.0, FleetParams(kv_events=True),
+    {"prompts": 24, "min_prompt_tokens": 2500, "max_prompt_tokens": 3500, "zipf_s": 0.0,
+     "user_tokens": 50})
+OTHERS = ("shared-prefix", "multi-turn", "rag")
+
+_COUNTER = re.compile(r"^(prefix_router_(?:predicted|reported)_cached_tokens_total)\{[^}]*\}"
+                      r"\s+(\S+)", re.M)
+
+
+def _cached_counters(url: str) -> dict[str, float]:
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for name, value in _COUNTER.findall(text):
+        key = name.split("_")[2]
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def _pids(launched: Launched) -> list[int]:
+    procs = launched.parts or [launched]
+    return [p.pid for p in procs if p.pid is not None]
+
+
+def run_cell(w: BenchWorkload, setups: list[str], workdir: Path, seed: int,
+             tokenizer_dir: Path) -> dict[str, Any]:
+    reqs, meta = cell_requests(w, seed, workdir / w.name)
+    plan = Plan("http://unused", rate=w.rate, max_requests=len(reqs), max_time=120.0)
+    cell: dict[str, Any] = {"workload": meta, "fleet": {"replicas": w.fleet.replicas,
+                                                        "kv_blocks": w.fleet.kv_blocks},
+                            "setups": {}, "failed": {}}
+    for name in setups:
+        setup = parse_setup(name)
+        if setup.unavailable():
+            cell["failed"][name] = setup.unavailable()
+            continue
+        fleet = Fleet(replicas=w.fleet.replicas, model_path=str(tokenizer_dir),
+                      log_dir=str(workdir / w.name / name / "fleet"),
+                      **w.fleet.replica_options())
+        fleet.start()
+        t = time.monotonic()
+        try:
+            replicas = [(n, u, e or "", r or "") for n, u, e, r in zip(
+                fleet.names, fleet.urls, fleet.kv_endpoints, fleet.kv_replay_endpoints,
+                strict=True)]
+            with launch(setup, replicas, workdir / w.name / name) as launched:
+                pids = _pids(launched)
+                cpu0 = sum(cpu_seconds(p) for p in pids)
+                p = replace(plan, target=launched.url, replica_urls=tuple(fleet.urls),
+                            progress_label=name)
+                result = run(p, reqs, meta)
+                cpu = sum(cpu_seconds(p) for p in pids) - cpu0
+                counters: dict[str, float] = {}
+                if setup.kind == "router":
+                    for part in launched.parts or [launched]:
+                        for k, v in _cached_counters(part.url).items():
+                            counters[k] = counters.get(k, 0.0) + v
+        except (SetupError, OSError) as exc:
+            cell["failed"][name] = " ".join(str(exc).split())[:300]
+            print(f"[{w.name}] {name}: FAILED {exc}", file=sys.stderr, flush=True)
+            continue
+        finally:
+            fleet.stop()
+        s = result.summary()
+        row = {"hit_rate": s["hit_rate"], "ttft": s["ttft"], "ok": s["ok"],
+               "errors": s["error_count"], "output_token_throughput":
+               s["output_token_throughput"], "load_max_over_mean": s["load_max_over_mean"],
+               "router_cpu_per_request_us": cpu / max(1, s["sent"]) * 1e6, **counters}
+        cell["setups"][name] = row
+        print(f"[{w.name}] {name}: hit {row['hit_rate']:.3f} ttft p50 {s['ttft']['p50']:.3f} "
+              f"p90 {s['ttft']['p90']:.3f} cpu/req {row['router_cpu_per_request_us']:.0f} µs "
+              f"({time.monotonic() - t:.0f}s)", file=sys.stderr, flush=True)
+    return cell
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:,.0f}"
+
+
+def render(data: dict[str, Any]) -> str:
+    m = data["machine"]
+    lines = [f"<!-- {BLOCK}:begin -->", "## Precise routing from KV events", "",
+             f"`python -m loadtest.bench_kv` at {m['commit']}, {m['date']}, {m['nproc']} cores, one "
+             "run, every setup on a fresh fleet of 4 simulated replicas that publish vLLM's KV "
+             "events (768 blocks of 16 tokens each, 1,024 on rag). `router-cache_aware+kv` is "
+             "precise routing (`routing.kv_events`), `router-cache_aware` the approximate index. "
+             "Hit rate: the replicas' own token counters; TTFT: the client's first token; CPU: "
+             "the router processes' on-CPU time per request (/proc schedstat); predicted / "
+             "reported: the router's `prefix_router_predicted_cached_tokens_total` over the "
+             "replicas' reported `cached_tokens`.", ""]
+    for key, cell in data["cells"].items():
+        wl = cell["workload"]
+        lines += [f"**{key}** ({wl.get('requests')} requests at {wl.get('rate')}/s"
+                  + (f", {wl['prompts']} groups of {wl['min_prompt_tokens']:,}-"
+                     f"{wl['max_prompt_tokens']:,}-token prefixes, uniform"
+                     if key == "cache-pressure" else "") + ")", "",
+                  "| setup | hit rate | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | output tok/s "
+                  "| router CPU µs/req | predicted / reported |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for name, r in cell["setups"].items():
+            pr = (f"{r['predicted'] / r['reported']:.3f}" if r.get("reported") else "-")
+            lines.append(f"| {name} | {r['hit_rate']:.1%} | {_ms(r['ttft']['p50'])} | "
+                         f"{_ms(r['ttft']['p90'])} | {_ms(r['ttft']['p99'])} | "
+                         f"{r['output_token_throughput']:,.0f} | "
+                         f"{r['router_cpu_per_request_us']:,.0f} | {pr} |")
+        for name, why in cell["failed"].items():
+            lines.append(f"| {name} | failed: {why} | | | | | | |")
+        lines.append("")
+    lines += data.get("verdicts", []) + ["", f"<!-- {BLOCK}:end -->", ""]
+    return "\n".join(lines)
+
+
+def verdicts(data: dict[str, Any]) -> list[str]:
+    out = []
+    cp = data["cells"].get("cache-pressure", {}).get("setups", {})
+    precise, sg = cp.get("router-cache_aware+kv"), cp.get("sglang-cache_aware")
+    if precise and sg:
+        ratio = precise["ttft"]["p90"] / sg["ttft"]["p90"]
+        gain = (precise["hit_rate"] - sg["hit_rate"]) * 100
+        out.append(f"- cache-pressure: precise TTFT p90 {ratio:.2f}x sglang-router's (target "
+                   f"<= 0.5: {'met' if ratio <= 0.5 else 'not met'}), hit rate "
+                   f"{gain:+.1f} points (target >= +5: {'met' if gain >= 5 else 'not met'}).")
+    for key, cell in data["cells"].items():
+        s = cell["setups"]
+        a, p = s.get("router-cache_aware"), s.get("router-cache_aware+kv")
+        if a and p and key != "cache-pressure":
+            out.append(f"- {key}: precise hit {p['hit_rate']:.1%} vs approximate "
+                       f"{a['hit_rate']:.1%}, TTFT p90 {_ms(p['ttft']['p90'])} vs "
+                       f"{_ms(a['ttft']['p90'])} ms.")
+    one = cp.get("router-cache_aware-x1+kv")
+    for n in (2, 4):
+        many = cp.get(f"router-cache_aware-x{n}+kv")
+        if one and many:
+            d = (many["hit_rate"] - one["hit_rate"]) * 100
+            out.append(f"- {n} precise routers behind the splitter: hit rate {d:+.1f} points vs "
+                       f"one (target: within 1: {'met' if abs(d) <= 1 else 'not met'}).")
+    sg2 = cp.get("sglang-cache_aware-x2")
+    if sg and sg2:
+        out.append(f"- sglang-router x2: hit rate {(sg2['hit_rate'] - sg['hit_rate']) * 100:+.1f} "
+                   "points vs one.")
+    return out
+
+
+SIM_BLOCK = "kv-events-sim"
+SIM_POLICIES = ("cache_aware+kv", "cache_aware", "prefix", "round_robin", "sglang_model")
+# (replicas, requests, rate, groups, min, max prefix tokens): 4 replicas as the HTTP cell; 16 as
+# llm-d's (16 GPUs, groups of ~6k-token prefixes, ~1.5x the fleet's KV capacity)
+SIM_CELLS = ((4, 2000, 10.0, 24, 2500, 3500), (16, 3000, 24.0, 48, 5000, 7000))
+
+
+def run_simulated(seed: int) -> dict[str, Any]:
+    """The cache-pressure cells in `loadtest.simulate` (virtual time, the router's own code and
+    the replica's engine; ``cache_aware+kv``'s events arrive with no delay and none is lost)."""
+    from loadtest.simulate import SimConfig, simulate, workload_requests
+
+    cells: dict[str, Any] = {}
+    for replicas, n, rate, groups, lo, hi in SIM_CELLS:
+        reqs = workload_requests("cache-pressure", n, seed, rate, prompts=groups,
+                                 min_prompt_tokens=lo, max_prompt_tokens=hi, zipf_s=0.0,
+                                 user_tokens=50, max_tokens=16)
+        key = f"cache-pressure, {replicas} replicas"
+        cell: dict[str, Any] = {"requests": n, "rate": rate, "groups": groups,
+                                "prefix_tokens": [lo, hi], "setups": {}}
+        for pol in SIM_POLICIES:
+            r = simulate(reqs, SimConfig(replicas=replicas, policy=pol, kv_blocks=768,
+                                         max_num_seqs=64))
+            cell["setups"][pol] = {"hit_rate": r.hit_rate, "ttft": r.ttft,
+                                   "ceiling": r.ceiling.get("hit_rate"),
+                                   "load_max_over_mean": r.load_max_over_mean}
+            print(f"[sim {key}] {pol}: hit {r.hit_rate:.3f} ttft p90 {r.ttft['p90']:.3f}",
+                  file=sys.stderr, flush=True)
+        cells[key] = cell
+    return cells
+
+
+def render_simulated(cells: dict[str, Any], machine: dict[str, Any]) -> str:
+    lines = [f"<!-- {SIM_BLOCK}:begin -->", "## Precise routing in the simulator", "",
+             f"`python -m loadtest.bench_kv --simulate` at {machine['commit']}, {machine['date']}: "
+             "the cache-pressure workload (uniform popularity over groups of long shared "
+             "prefixes whose total is ~1.5x the fleet's KV capacity, 768 blocks of 16 tokens "
+             "per replica) in `loadtest.simulate` - virtual time, the router's own routing code "
+             "in front of the simulated replica's engine. `cache_aware+kv` is precise routing "
+             "with KV events that arrive at once and are never lost (an upper bound for the "
+             "event path); `sglang_model` the simulator's model of sglang-router's cache_aware. "
+             "Ceiling: the same requests through one cache of the whole fleet's capacity.", ""]
+    for key, cell in cells.items():
+        lines += [f"**{key}** ({cell['requests']} requests at {cell['rate']:g}/s, "
+                  f"{cell['groups']} groups of {cell['prefix_tokens'][0]:,}-"
+                  f"{cell['prefix_tokens'][1]:,}-token prefixes)", "",
+                  "| policy | hit rate | of ceiling | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms "
+                  "| max/mean requests |", "|---|---|---|---|---|---|---|"]
+        for pol, r in cell["setups"].items():
+            of = r["hit_rate"] / r["ceiling"] if r.get("ceiling") else float("nan")
+            lines.append(f"| {pol} | {r['hit_rate']:.1%} | {of:.2f} | {_ms(r['ttft']['p50'])} | "
+                         f"{_ms(r['ttft']['p90'])} | {_ms(r['ttft']['p99'])} | "
+                         f"{r['load_max_over_mean']:.2f} |")
+        s = cell["setups"]
+        p, sg, a = s.get("cache_aware+kv"), s.get("sglang_model"), s.get("cache_aware")
+        if p and sg and a:
+            lines += ["", f"Precise vs sglang-router's model: TTFT p90 "
+                      f"{p['ttft']['p90'] / sg['ttft']['p90']:.2f}x (target <= 0.5), hit rate "
+                      f"{(p['hit_rate'] - sg['hit_rate']) * 100:+.1f} points (target >= +5); vs "
+                      f"approximate cache_aware: TTFT p90 "
+                      f"{p['ttft']['p90'] / a['ttft']['p90']:.2f}x, hit rate "
+                      f"{(p['hit_rate'] - a['hit_rate']) * 100:+.1f} points."]
+        lines.append("")
+    lines += [f"<!-- {SIM_BLOCK}:end -->", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m loadtest.bench_kv", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"))
+    ap.add_argument("--out", default=str(ROOT / "build" / "bench" / "bench_kv.json"))
+    ap.add_argument("--quick", action="store_true", help="one small cell, two setups (smoke)")
+    ap.add_argument("--no-split", action="store_true", help="skip the multi-router runs")
+    ap.add_argument("--cells", default=",".join(("cache-pressure", *OTHERS)))
+    ap.add_argument("--simulate", action="store_true",
+                    help="the cache-pressure cells in the simulator instead (block "
+                         f"{SIM_BLOCK}; no HTTP, virtual time)")
+    args = ap.parse_args(argv)
+    if args.simulate:
+        sim = run_simulated(args.seed)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).with_name("bench_kv_sim.json").write_text(json.dumps(sim, indent=1))
+        block = render_simulated(sim, machine_info())
+        doc = Path(args.doc)
+        doc.write_text(replace_block(doc.read_text() if doc.exists() else "", SIM_BLOCK, block))
+        print(block)
+        return 0
+    names = args.cells.split(",")
+    cells: list[BenchWorkload] = []
+    for name in names:
+        if name == "cache-pressure":
+            cells.append(CACHE_PRESSURE)
+        else:
+            w = next(w for w in WORKLOADS if w.name == name)
+            cells.append(replace(w, fleet=replace(w.fleet, kv_events=True)))
+    if args.quick:
+        cells = [replace(cells[0], requests=30)]
+    data: dict[str, Any] = {"machine": machine_info(), "cells": {}}
+    with tempfile.TemporaryDirectory(prefix="bench-kv-") as tmp:
+        workdir = Path(tmp)
+        tok = tiny_tokenizer_dir(workdir / "tokenizer")
+        for w in cells:
+            setups = list(SETUPS[:2] if args.quick else SETUPS)
+            if w.name == "cache-pressure" and not args.quick and not args.no_split:
+                setups += SPLIT
+            data["cells"][w.name] = run_cell(w, setups, workdir, args.seed, tok)
+    data["verdicts"] = verdicts(data)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(data, indent=1, default=str))
+    block = render(data)
+    doc = Path(args.doc)
+    doc.write_text(replace_block(doc.read_text() if doc.exists() else "", BLOCK, block))
+    print(block)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

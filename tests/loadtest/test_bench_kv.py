@@ -1,0 +1,58 @@
+"""loadtest.bench_kv: the setups it names parse, and its page block renders and judges."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loadtest.bench_kv import BLOCK, SETUPS, SPLIT, render, verdicts
+from loadtest.compare import KV_EVENTS_CONFIG, FleetParams
+from loadtest.doc_blocks import blocks, keep_blocks
+from loadtest.setups import parse_setup
+
+
+def row(hit: float, p90: float, **kw: Any) -> dict[str, Any]:
+    return {"hit_rate": hit, "ttft": {"p50": p90 / 2, "p90": p90, "p99": p90 * 2},
+            "output_token_throughput": 100.0, "router_cpu_per_request_us": 500.0, **kw}
+
+
+def test_setup_names_round_trip_and_kv_is_a_router_variant() -> None:
+    for name in (*SETUPS, *SPLIT):
+        assert parse_setup(name).name == name
+    assert parse_setup("router-cache_aware-x2+kv").single.kv
+    assert FleetParams(kv_events=True).replica_options()["kv_events_config"] == KV_EVENTS_CONFIG
+    assert "kv_events_config" not in FleetParams().replica_options()
+
+
+def test_render_is_a_kept_block_with_verdicts() -> None:
+    data: dict[str, Any] = {
+        "machine": {"commit": "abc", "date": "d", "nproc": 2},
+        "cells": {"cache-pressure": {
+            "workload": {"requests": 10, "rate": 1.0, "prompts": 24, "min_prompt_tokens": 2500,
+                         "max_prompt_tokens": 3500},
+            "setups": {"router-cache_aware+kv": row(0.8, 0.2, predicted=90.0, reported=100.0),
+                       "sglang-cache_aware": row(0.7, 0.5),
+                       "router-cache_aware-x1+kv": row(0.8, 0.2),
+                       "router-cache_aware-x2+kv": row(0.795, 0.2)},
+            "failed": {}}}}
+    data["verdicts"] = verdicts(data)
+    assert any("0.40x" in v and "met" in v and "+10.0 points" in v for v in data["verdicts"])
+    assert any("2 precise routers" in v and "-0.5 points" in v for v in data["verdicts"])
+    text = render(data)
+    assert "| router-cache_aware+kv | 80.0% | 100 | 200 | 400 |" in text
+    assert "0.900" in text  # predicted / reported
+    # `make bench` regenerates the page and keeps the block
+    assert BLOCK in blocks(keep_blocks("old\n" + text, "new page\n"))
+
+
+def test_render_simulated_block() -> None:
+    from loadtest.bench_kv import SIM_BLOCK, render_simulated
+
+    setups = {"cache_aware+kv": {**row(0.6, 0.4), "ceiling": 0.62, "load_max_over_mean": 1.1},
+              "cache_aware": {**row(0.58, 0.8), "ceiling": 0.62, "load_max_over_mean": 1.1},
+              "sglang_model": {**row(0.5, 1.0), "ceiling": 0.62, "load_max_over_mean": 1.0}}
+    text = render_simulated({"cache-pressure, 4 replicas": {
+        "requests": 10, "rate": 1.0, "groups": 2, "prefix_tokens": [100, 200],
+        "setups": setups}}, {"commit": "abc", "date": "d"})
+    assert SIM_BLOCK in blocks(text)
+    assert "TTFT p90 0.40x (target <= 0.5), hit rate +10.0 points" in text
+    assert "| cache_aware+kv | 60.0% | 0.97 | 200 | 400 | 800 | 1.10 |" in text
