@@ -18,8 +18,13 @@ sglang-router x2. Per run: the fleet's own hit rate (token counters), the client
 router processes' CPU seconds per request (/proc schedstat of their PIDs) and, for the router,
 its predicted and the replicas' reported cached tokens (its /metrics).
 
+``--simulate`` runs the cache-pressure workload in `loadtest.simulate` instead (4 replicas and,
+as llm-d's, 16; precise routing with events that arrive at once) and writes the
+``kv-events-sim`` block.
+
 Cost: per setup one fleet start, one setup start and the run (8-20 s of traffic); about 8
-minutes on 2 cores. Run it under ``flock /work/.bench.lock``.
+minutes on 2 cores (``--simulate``: about 3 minutes of one core). Run it under
+``flock /work/.bench.lock``.
 """
 
 from __future__ import annotations
@@ -49,7 +54,8 @@ from loadtest.setups import (
     tiny_tokenizer_dir,
 )
 
-__all__ = ["BLOCK", "CACHE_PRESSURE", "SETUPS", "SPLIT", "main", "render"]
+__all__ = ["BLOCK", "CACHE_PRESSURE", "SETUPS", "SIM_BLOCK", "SPLIT", "main", "render",
+           "render_simulated", "run_simulated"]
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = "kv-events"
@@ -204,6 +210,73 @@ def verdicts(data: dict[str, Any]) -> list[str]:
     return out
 
 
+SIM_BLOCK = "kv-events-sim"
+SIM_POLICIES = ("cache_aware+kv", "cache_aware", "prefix", "round_robin", "sglang_model")
+# (replicas, requests, rate, groups, min, max prefix tokens): 4 replicas as the HTTP cell; 16 as
+# llm-d's (16 GPUs, groups of ~6k-token prefixes, ~1.5x the fleet's KV capacity)
+SIM_CELLS = ((4, 2000, 10.0, 24, 2500, 3500), (16, 3000, 24.0, 48, 5000, 7000))
+
+
+def run_simulated(seed: int) -> dict[str, Any]:
+    """The cache-pressure cells in `loadtest.simulate` (virtual time, the router's own code and
+    the replica's engine; ``cache_aware+kv``'s events arrive with no delay and none is lost)."""
+    from loadtest.simulate import SimConfig, simulate, workload_requests
+
+    cells: dict[str, Any] = {}
+    for replicas, n, rate, groups, lo, hi in SIM_CELLS:
+        reqs = workload_requests("cache-pressure", n, seed, rate, prompts=groups,
+                                 min_prompt_tokens=lo, max_prompt_tokens=hi, zipf_s=0.0,
+                                 user_tokens=50, max_tokens=16)
+        key = f"cache-pressure, {replicas} replicas"
+        cell: dict[str, Any] = {"requests": n, "rate": rate, "groups": groups,
+                                "prefix_tokens": [lo, hi], "setups": {}}
+        for pol in SIM_POLICIES:
+            r = simulate(reqs, SimConfig(replicas=replicas, policy=pol, kv_blocks=768,
+                                         max_num_seqs=64))
+            cell["setups"][pol] = {"hit_rate": r.hit_rate, "ttft": r.ttft,
+                                   "ceiling": r.ceiling.get("hit_rate"),
+                                   "load_max_over_mean": r.load_max_over_mean}
+            print(f"[sim {key}] {pol}: hit {r.hit_rate:.3f} ttft p90 {r.ttft['p90']:.3f}",
+                  file=sys.stderr, flush=True)
+        cells[key] = cell
+    return cells
+
+
+def render_simulated(cells: dict[str, Any], machine: dict[str, Any]) -> str:
+    lines = [f"<!-- {SIM_BLOCK}:begin -->", "## Precise routing in the simulator", "",
+             f"`python -m loadtest.bench_kv --simulate` at {machine['commit']}, {machine['date']}: "
+             "the cache-pressure workload (uniform popularity over groups of long shared "
+             "prefixes whose total is ~1.5x the fleet's KV capacity, 768 blocks of 16 tokens "
+             "per replica) in `loadtest.simulate` - virtual time, the router's own routing code "
+             "in front of the simulated replica's engine. `cache_aware+kv` is precise routing "
+             "with KV events that arrive at once and are never lost (an upper bound for the "
+             "event path); `sglang_model` the simulator's model of sglang-router's cache_aware. "
+             "Ceiling: the same requests through one cache of the whole fleet's capacity.", ""]
+    for key, cell in cells.items():
+        lines += [f"**{key}** ({cell['requests']} requests at {cell['rate']:g}/s, "
+                  f"{cell['groups']} groups of {cell['prefix_tokens'][0]:,}-"
+                  f"{cell['prefix_tokens'][1]:,}-token prefixes)", "",
+                  "| policy | hit rate | of ceiling | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms "
+                  "| max/mean requests |", "|---|---|---|---|---|---|---|"]
+        for pol, r in cell["setups"].items():
+            of = r["hit_rate"] / r["ceiling"] if r.get("ceiling") else float("nan")
+            lines.append(f"| {pol} | {r['hit_rate']:.1%} | {of:.2f} | {_ms(r['ttft']['p50'])} | "
+                         f"{_ms(r['ttft']['p90'])} | {_ms(r['ttft']['p99'])} | "
+                         f"{r['load_max_over_mean']:.2f} |")
+        s = cell["setups"]
+        p, sg, a = s.get("cache_aware+kv"), s.get("sglang_model"), s.get("cache_aware")
+        if p and sg and a:
+            lines += ["", f"Precise vs sglang-router's model: TTFT p90 "
+                      f"{p['ttft']['p90'] / sg['ttft']['p90']:.2f}x (target <= 0.5), hit rate "
+                      f"{(p['hit_rate'] - sg['hit_rate']) * 100:+.1f} points (target >= +5); vs "
+                      f"approximate cache_aware: TTFT p90 "
+                      f"{p['ttft']['p90'] / a['ttft']['p90']:.2f}x, hit rate "
+                      f"{(p['hit_rate'] - a['hit_rate']) * 100:+.1f} points."]
+        lines.append("")
+    lines += [f"<!-- {SIM_BLOCK}:end -->", ""]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m loadtest.bench_kv", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -213,7 +286,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="one small cell, two setups (smoke)")
     ap.add_argument("--no-split", action="store_true", help="skip the multi-router runs")
     ap.add_argument("--cells", default=",".join(("cache-pressure", *OTHERS)))
+    ap.add_argument("--simulate", action="store_true",
+                    help="the cache-pressure cells in the simulator instead (block "
+                         f"{SIM_BLOCK}; no HTTP, virtual time)")
     args = ap.parse_args(argv)
+    if args.simulate:
+        sim = run_simulated(args.seed)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).with_name("bench_kv_sim.json").write_text(json.dumps(sim, indent=1))
+        block = render_simulated(sim, machine_info())
+        doc = Path(args.doc)
+        doc.write_text(replace_block(doc.read_text() if doc.exists() else "", SIM_BLOCK, block))
+        print(block)
+        return 0
     names = args.cells.split(",")
     cells: list[BenchWorkload] = []
     for name in names:

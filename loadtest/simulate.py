@@ -30,7 +30,7 @@ import itertools
 import json
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -49,7 +49,9 @@ from router.routing import Routed, Router
 from router.settings import RoutingSettings, Settings
 from templates_audit.blocks import block_hashes
 
-__all__ = ["SimConfig", "SimRequest", "SimResult", "add_arguments", "ceiling", "main",
+PRECISE = "cache_aware+kv"  # cache_aware with the precise index, fed by the engines' pools
+
+__all__ = ["PRECISE", "SimConfig", "SimRequest", "SimResult", "add_arguments", "ceiling", "main",
            "mooncake_requests", "simulate"]
 
 
@@ -148,9 +150,13 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
     rset.update_membership([Endpoint(name=n, url=f"sim://{n}") for n in names])
     # the app's routing entry point, one process (or the model of sglang-router's policy)
     router: Router | SglangModel
+    current: list[SimRequest] = []  # the arrival being routed (precise routing's keys)
     if config.policy == SGLANG_MODEL:
         router = SglangModel(rset)
         hold_timeout = 0.0
+    elif config.policy == PRECISE:
+        router = _precise_router(config, rset, engines, current, lambda: clock[0])
+        hold_timeout = router.settings.hold_timeout
     else:
         router = Router(config.routing_settings(), rset)
         hold_timeout = router.settings.hold_timeout
@@ -201,6 +207,7 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
                 st.running, st.waiting = len(e.running), len(e.waiting)
                 st.kv_usage, st.kv_capacity = e.kv_usage, capacity
                 st.scraped_unstarted = st.unstarted
+            current[:] = [req]
             r_ = router.route(req.path, req.headers, req.key_body, next(seq_counter))
             if r_ is None:
                 continue
@@ -275,6 +282,38 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
         rejected=rejected,
         misses=why.totals,
     )
+
+
+def _precise_router(config: SimConfig, rset: ReplicaSet, engines: dict[str, Engine],
+                    current: list[SimRequest], now: Callable[[], float]) -> Router:
+    """``cache_aware`` with the precise index (`router.kv_events`) fed by every engine's block
+    pool as it changes - KV events that arrive at once, none lost. The engines chain the
+    router's own block hash over the same token ids, so an engine hash is its router key; a
+    request's exact keys are its prompt's full-block hashes, up to the last token."""
+    from router.chunks import Chunks
+    from router.kv_events.index import KvIndex, PreciseIndex
+    from router.kv_events.wire import BlockRemoved
+    from router.prefix_index import ApproxIndex
+
+    settings = replace(config, policy="cache_aware").routing_settings()
+    precise = PreciseIndex(settings.kv_events.speculative_ttl, now)
+    index = KvIndex(ApproxIndex(settings.kv_capacity_tokens, settings.index_max_entries),
+                    precise)
+    bs = config.block_size
+    for name, eng in engines.items():
+        precise.set_live(name, True)
+        eng.cache.on_store = lambda hashes, name=name: precise.store(name, hashes, hashes)
+        eng.cache.on_evict = lambda hashes, name=name: precise.apply(
+            name, BlockRemoved(block_hashes=list(hashes)))
+
+    def exact(path: str, body: Any, pool: Any) -> Chunks:
+        req = current[0]
+        n = len(req.prompt_ids)
+        usable = max(0, (n - 1) // bs)
+        return Chunks(tuple(_hashes(req, bs)[:usable]),
+                      tuple(range(bs, (usable + 1) * bs, bs)), n)
+
+    return Router(settings, rset, index, exact)
 
 
 class _Attribution:
@@ -464,7 +503,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      "multi-turn, mooncake, rag, agent) at --replicas, with its fleet and rate")
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--policy", action="append", default=None,
-                   help="cache_aware | prefix | round_robin | least_loaded | sglang_model "
+                   help="cache_aware | cache_aware+kv (precise routing, events with no delay) | "
+                        "prefix | round_robin | least_loaded | sglang_model "
                         "(a model of sglang-router's cache_aware; repeatable: compare several)")
     p.add_argument("--requests", type=int, default=None, help="cap on requests (default: whole trace / 1000)")
     p.add_argument("--repeat", type=int, default=1, help="replay the trace N times (larger populations)")
@@ -494,7 +534,8 @@ def main(args: argparse.Namespace) -> int:
         routing = {k: yaml.safe_load(v) for k, _, v in (o.partition("=") for o in args.routing)}
         for pol in policies:
             if pol != SGLANG_MODEL:
-                SimConfig(policy=pol, routing=routing).routing_settings()
+                SimConfig(policy="cache_aware" if pol == PRECISE else pol,
+                          routing=routing).routing_settings()
     except (ValueError, yaml.YAMLError) as exc:
         print(f"prefix-loadtest simulate: {exc}", file=sys.stderr)
         return 2

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Hashable, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from router.chunks import Chunks
@@ -210,8 +210,19 @@ class PreciseIndex:
                                      parent=parent_key))
         else:
             keys = [None] * n
+        self._link(replica, r, e.block_hashes, keys)
+
+    def store(self, replica: str, engine_hashes: Iterable[Hashable],
+              keys: Iterable[int | None]) -> None:
+        """Blocks that entered ``replica``'s cache whose router keys the caller already knows
+        (``None``: unmatchable), as ``BlockStored`` would add them: for a source that computes
+        the router's chain itself (`loadtest.simulate`'s engines do)."""
+        self._link(replica, self._get(replica), list(engine_hashes), list(keys))
+
+    def _link(self, replica: str, r: _Replica, hashes: Sequence[Hashable],
+              keys: Sequence[int | None]) -> None:
         engine = r.engine
-        for h, key in zip(e.block_hashes, keys, strict=True):
+        for h, key in zip(hashes, keys, strict=True):
             if h in engine:
                 old = engine[h]
                 if old == key:  # another copy of a cached block (vLLM can keep two)

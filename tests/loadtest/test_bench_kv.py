@@ -42,3 +42,17 @@ def test_render_is_a_kept_block_with_verdicts() -> None:
     assert "0.900" in text  # predicted / reported
     # `make bench` regenerates the page and keeps the block
     assert BLOCK in blocks(keep_blocks("old\n" + text, "new page\n"))
+
+
+def test_render_simulated_block() -> None:
+    from loadtest.bench_kv import SIM_BLOCK, render_simulated
+
+    setups = {"cache_aware+kv": {**row(0.6, 0.4), "ceiling": 0.62, "load_max_over_mean": 1.1},
+              "cache_aware": {**row(0.58, 0.8), "ceiling": 0.62, "load_max_over_mean": 1.1},
+              "sglang_model": {**row(0.5, 1.0), "ceiling": 0.62, "load_max_over_mean": 1.0}}
+    text = render_simulated({"cache-pressure, 4 replicas": {
+        "requests": 10, "rate": 1.0, "groups": 2, "prefix_tokens": [100, 200],
+        "setups": setups}}, {"commit": "abc", "date": "d"})
+    assert SIM_BLOCK in blocks(text)
+    assert "TTFT p90 0.40x (target <= 0.5), hit rate +10.0 points" in text
+    assert "| cache_aware+kv | 60.0% | 0.97 | 200 | 400 | 800 | 1.10 |" in text

@@ -245,3 +245,19 @@ def test_bench_cell_replays_a_make_bench_cell_with_its_fleet() -> None:
     assert reqs[-1].at == pytest.approx((len(reqs) - 1) / w.rate)  # the bench's mean rate
     with pytest.raises(ValueError, match="no bench workload"):
         bench_cell("nope", 4)
+
+
+def test_precise_routing_runs_in_the_simulation_and_beats_round_robin() -> None:
+    # cache_aware+kv: the precise index fed by the engines' block pools (zero-lag events)
+    from loadtest.simulate import PRECISE
+
+    reqs = workload_requests("cache-pressure", 300, 3, 20.0, prompts=12,
+                             min_prompt_tokens=300, max_prompt_tokens=500, zipf_s=0.0)
+    precise = simulate(reqs, SimConfig(replicas=4, policy=PRECISE, kv_blocks=60))
+    rr = simulate(reqs, SimConfig(replicas=4, policy="round_robin", kv_blocks=60))
+    assert precise.requests == rr.requests == 300
+    assert precise.hit_rate > rr.hit_rate + 0.1
+    assert precise.hit_rate <= precise.ceiling["hit_rate"] + 1e-9
+    assert precise.branches.get("cache_hit", 0) > 0
+    assert simulate(reqs, SimConfig(replicas=4, policy=PRECISE, kv_blocks=60)).hit_rate == \
+        precise.hit_rate  # deterministic
