@@ -129,6 +129,7 @@ class _Member:
     proc: subprocess.Popen[bytes] | None = None
     kv_port: int | None = None          # the KV-event PUB port it binds (None: not publishing)
     kv_replay_port: int | None = None
+    log_from: int = 0                   # the log's size when the process was last spawned
 
 
 class Fleet:
@@ -155,6 +156,7 @@ class Fleet:
         self.host = host
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
+        self._own_ports = base_port is None   # picked here, so another pick is allowed
         self._tmp = None if log_dir else tempfile.TemporaryDirectory(prefix="sim-fleet-")
         self.log_dir = Path(log_dir or self._tmp.name)  # type: ignore[union-attr]
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -253,16 +255,26 @@ class Fleet:
         argv = [sys.executable, "-m", "loadtest", "replica", "--name", m.name, "--host", self.host,
                 "--port", str(m.port), "--admin-port", str(m.admin_port), *self._argv, *m.argv]
         with open(m.log, "ab") as log:
+            m.log_from = log.tell()
             m.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                       start_new_session=True)
 
-    def _wait_healthy(self, members: list[_Member]) -> None:
+    def _wait_healthy(self, members: list[_Member], repick: bool = False) -> None:
+        """Wait until every member answers /health. With `repick` (a first start on ports picked
+        here), a member that exited because its port was taken in between - by another process
+        on a machine running several suites - is started again on fresh ports, twice at most."""
         deadline = time.monotonic() + self.startup_timeout
         pending = list(members)
+        repicks = 0
         while pending:
             for m in list(pending):
                 assert m.proc is not None
                 if m.proc.poll() is not None:
+                    if repick and repicks < 2 * len(members) and self._port_taken(m):
+                        repicks += 1
+                        m.port, m.admin_port = free_port(self.host), free_port("127.0.0.1")
+                        self._spawn(m)
+                        continue
                     raise FleetError(f"{m.name} exited with {m.proc.returncode}:\n{self._tail(m)}")
                 if self._healthy(m):
                     pending.remove(m)
@@ -271,6 +283,16 @@ class Fleet:
                                  f"{self._tail(pending[0])}")
             if pending:
                 time.sleep(0.05)
+
+    def _port_taken(self, m: _Member) -> bool:
+        if not self._own_ports or m.kv_port is not None:  # KV ports are part of its argv
+            return False
+        try:
+            with open(m.log, "rb") as log:
+                log.seek(m.log_from)
+                return b"Address already in use" in log.read()
+        except OSError:
+            return False
 
     def _healthy(self, m: _Member) -> bool:
         return http_ok(f"http://{self._url_host()}:{m.port}/health")
@@ -288,7 +310,7 @@ class Fleet:
             for m in self._members:
                 self._spawn(m)
         try:
-            self._wait_healthy(self._members)
+            self._wait_healthy(self._members, repick=True)
         except BaseException:
             self.stop()
             raise

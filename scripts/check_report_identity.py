@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_auditor import lines, train_tokenizer  # noqa: E402
 
-DEFAULT_FAMILIES = ("llama3", "unigram", "sentencepiece_bpe", "stripping_markers")
+DEFAULT_FAMILIES = ("llama3", "unigram_metaspace", "sentencepiece_bpe", "stripping_markers")
 
 
 def cli_report(trace: Path, tokenizer: Path, full_encode: bool, *extra: str) -> bytes:

@@ -60,17 +60,31 @@ def wait_for(check: Callable[[], bool], what: str, tries: int = 300) -> None:
 
 
 class ThreadedServer:
-    """A real uvicorn server for an ASGI app, run on its own event loop in a thread."""
+    """A real uvicorn server for an ASGI app, run on its own event loop in a thread.
+
+    The listening socket is bound here, before uvicorn starts, and handed to it: the port is
+    this server's from construction on. (A port picked free and bound later can be taken in
+    between by another process on a machine running several suites, which then answered this
+    server's clients, or refused them once it stopped.)"""
 
     def __init__(self, app: Any, port: int | None = None, **config: Any) -> None:
-        self.port = port or free_port()
+        # proto IPPROTO_TCP as getaddrinfo gives it: asyncio sets TCP_NODELAY on accepted
+        # sockets only when it is (with proto 0, Nagle + delayed ACK cost 40 ms a request)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.sock.bind(("127.0.0.1", port or 0))
+        except OSError:
+            self.sock.close()
+            raise
+        self.port = int(self.sock.getsockname()[1])
         cfg = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                              lifespan="on", **config)
         self.server = uvicorn.Server(cfg)
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        asyncio.run(self.server.serve())
+        asyncio.run(self.server.serve(sockets=[self.sock]))
 
     @property
     def url(self) -> str:
@@ -87,7 +101,9 @@ class ThreadedServer:
 
     def stop(self) -> None:
         self.server.should_exit = True
-        self.thread.join(timeout=15)
+        if self.thread.is_alive():
+            self.thread.join(timeout=15)
+        self.sock.close()  # uvicorn closed it already, unless it never started
 
     def __enter__(self) -> ThreadedServer:
         return self.start()

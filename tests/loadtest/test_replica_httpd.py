@@ -407,9 +407,7 @@ def test_graceful_stop_finishes_short_requests_and_cancels_hung_ones(
     short.send(b"GET /short HTTP/1.1\r\nhost: t\r\n\r\n")
     hung.send(b"GET /hung HTTP/1.1\r\nhost: t\r\n\r\n")
     time.sleep(0.1)
-    t0 = time.monotonic()
-    h.stop()
-    assert time.monotonic() - t0 < 5
+    h.stop()   # returns (and its server thread ended) only once the hung request was cancelled
     _, headers, body = short.response()
     assert body == b"ok" and headers[b"connection"] == b"close"
     assert hung.rest() == b""
@@ -451,12 +449,12 @@ def test_idle_keep_alive_connections_are_closed(serve: Callable[..., Harness],
     monkeypatch.setattr(httpd, "KEEP_ALIVE_SECONDS", 1)
     h = serve(echo)
     with h.connect() as s:
+        t0 = time.monotonic()   # before the request: the idle timer starts after its answer
         s.send(request())
         s.response()
         s.sock.settimeout(10)
-        t0 = time.monotonic()
         assert s.rest() == b""
-        assert 0.9 <= time.monotonic() - t0 < 5
+        assert 0.9 <= time.monotonic() - t0   # the keep-alive closed it (else: 10 s timeout)
 
 
 def test_an_app_that_waits_runs_on_in_a_task_and_sees_errors_of_what_it_awaits(

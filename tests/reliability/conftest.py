@@ -44,9 +44,15 @@ SCALE = float(os.environ.get("RELIABILITY_SCALE", "1"))
 PROMISES = os.environ.get("RELIABILITY_PROMISES") == "1"
 _RESULTS: dict[str, dict[str, Any]] = {}
 
-# Router settings for tests: short health intervals so ejection/readmission take ~a second.
+# Health settings for the tests about ejection (test_chaos): short intervals and timeouts, so
+# ejection and readmission take about a second.
 FAST_HEALTH = {"interval": 0.25, "timeout": 0.5, "eject_after": 2, "readmit_backoff": 0.25,
                "readmit_backoff_max": 1.0}
+# Everyone else's default: upstreams that are healthy by construction are never ejected. An
+# upstream served from the test process shares its GIL with the test's own clients, so on a
+# loaded machine a probe can wait past FAST_HEALTH's 0.5 s twice: the router ejected the only
+# replica and test_security's label-cardinality run got 503 "no healthy replica" midway.
+STEADY_HEALTH = {"interval": 1.0, "timeout": 30.0, "eject_after": 1000}
 
 
 def scaled(n: int) -> int:
@@ -109,13 +115,23 @@ def established(pid: int, *, local_port: int | None = None,
                 remote_ports: frozenset[int] | None = None) -> list[TcpSocket]:
     """ESTABLISHED TCP sockets owned by `pid`, read from /proc (no psutil): the netns-wide
     tables /proc/<pid>/net/tcp{,6} joined with the socket inodes in /proc/<pid>/fd."""
+    return _tcp_sockets(pid, "01", local_port, remote_ports)  # 01 = TCP_ESTABLISHED
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether `pid` itself holds a listening socket on `port` (not another process)."""
+    return bool(_tcp_sockets(pid, "0A", port, None))  # 0A = TCP_LISTEN
+
+
+def _tcp_sockets(pid: int, state: str, local_port: int | None,
+                 remote_ports: frozenset[int] | None) -> list[TcpSocket]:
     mine = _socket_inodes(pid)
     out = []
     for table in ("tcp", "tcp6"):
         with contextlib.suppress(FileNotFoundError):
             for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
                 cols = line.split()
-                if cols[3] != "01" or cols[9] not in mine:  # 01 = TCP_ESTABLISHED
+                if cols[3] != state or cols[9] not in mine:
                     continue
                 lport = int(cols[1].rsplit(":", 1)[1], 16)
                 rport = int(cols[2].rsplit(":", 1)[1], 16)
@@ -145,7 +161,7 @@ def router_config(urls: list[str], names: list[str] | None = None,
     cfg: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": free_port()},
         "replicas": [{"name": n, "url": u} for n, u in zip(names, urls, strict=True)],
-        "health": dict(FAST_HEALTH),
+        "health": dict(STEADY_HEALTH),
         "scrape": {"interval": 0.25, "enabled": False},
         "proxy": {"connect_timeout": 0.5, "first_byte_timeout": 5.0, "idle_timeout": 1.0,
                   "max_attempts": 3},
@@ -195,7 +211,24 @@ class RouterProcess:
         return (self.stdout_path.read_text(errors="replace")
                 + self.stderr_path.read_text(errors="replace"))
 
-    def start(self, timeout: float = 20.0) -> RouterProcess:
+    def start(self, timeout: float = 20.0, attempts: int = 3) -> RouterProcess:
+        """Start the router and wait until it answers /health on a socket it listens on itself.
+
+        Its ports come from `free_port()` and are bound only once the process runs: another
+        suite on the machine can take one in between. Then the router exits ("address already
+        in use") and is started again on fresh ports, up to `attempts` times; and a /health
+        answered by that other process never counts as this router being up."""
+        for _ in range(attempts):
+            if self._start_once(timeout):
+                return self
+            self.config["listen"]["port"] = free_port()
+            if (self.config.get("admin") or {}).get("port"):
+                self.config["admin"]["port"] = free_port()
+        raise RuntimeError(f"router could not bind free ports in {attempts} tries:\n"
+                           f"{self.output()}")
+
+    def _start_once(self, timeout: float) -> bool:
+        """True once up; False if it exited because a port was taken; raises otherwise."""
         path = self.workdir / "router.yaml"
         path.write_text(yaml.safe_dump(self.config))
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
@@ -206,10 +239,14 @@ class RouterProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if "address already in use" in self.output().lower():
+                    return False
                 raise RuntimeError(f"router exited with {self.proc.returncode}:\n{self.output()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/health", timeout=0.5).status_code == 200:
-                    return self
+            with contextlib.suppress(httpx.HTTPError, OSError):
+                admin = (self.config.get("admin") or {}).get("port")
+                if (listens(self.pid, self.port) and (not admin or listens(self.pid, admin))
+                        and httpx.get(self.url + "/health", timeout=0.5).status_code == 200):
+                    return True
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"router not up after {timeout}s:\n{self.output()}")

@@ -32,6 +32,7 @@ import pytest
 
 from loadtest.fleet import Fleet
 from tests.reliability.conftest import (
+    FAST_HEALTH,
     RouterProcess,
     metric,
     parse_metrics,
@@ -45,10 +46,15 @@ pytestmark = pytest.mark.slow
 
 KEYS = 32
 IDLE_TIMEOUT = 1.0
-# Bounds asserted below; generous for a loaded 2-core CI box (measured values go to the report).
+# Timing promises: measured and recorded with `promise` (asserted only in the report run, see
+# tests/reliability/conftest.py), never pass/fail facts of `make test` on a shared machine.
 EJECT_WITHIN = 5.0
 READMIT_WITHIN = 6.0
 SSE_ERROR_WITHIN = IDLE_TIMEOUT + 2.0
+HUNG_IDLE_TIMEOUT = 3.0   # test_hung_replica's (see there)
+# How long a test waits for an ejection or a re-admission before it fails: a guard against a
+# router that never does it, not a promise (a loaded machine stays far below it).
+GIVE_UP = 60.0
 LONG_STREAM = 256   # tokens: ~1 s at speed 5, so a kill or stop lands mid-stream
 
 
@@ -94,7 +100,8 @@ class Timeline:
 def chaos_router(start_router: Callable[..., RouterProcess], fleet: Fleet,
                  **sections: Any) -> RouterProcess:
     proxy = {"idle_timeout": IDLE_TIMEOUT, "first_byte_timeout": 5.0, **sections.pop("proxy", {})}
-    cfg = router_config(fleet.urls, fleet.names, proxy=proxy, **sections)
+    health = {**FAST_HEALTH, **sections.pop("health", {})}
+    cfg = router_config(fleet.urls, fleet.names, proxy=proxy, health=health, **sections)
     return start_router(cfg)
 
 
@@ -141,8 +148,7 @@ def test_kill_one_replica(fleet4: Fleet, start_router: Callable[..., RouterProce
         await asyncio.sleep(1.0)
         t_kill = time.monotonic()
         await asyncio.to_thread(fleet4.kill, vi, signal.SIGKILL)
-        eject = await timeline.wait(t_kill, lambda h: h.get(victim) == 0, EJECT_WITHIN,
-                                    "ejection")
+        eject = await timeline.wait(t_kill, lambda h: h.get(victim) == 0, GIVE_UP, "ejection")
         await asyncio.sleep(1.0)   # load keeps running against the three survivors
         stop_load.set()
         plain, streams = await load
@@ -151,7 +157,7 @@ def test_kill_one_replica(fleet4: Fleet, start_router: Callable[..., RouterProce
         t_restart = time.monotonic()
         await asyncio.to_thread(fleet4.restart, vi)
         t_up = time.monotonic()
-        readmit = await timeline.wait(t_up, lambda h: h.get(victim) == 1, READMIT_WITHIN,
+        readmit = await timeline.wait(t_up, lambda h: h.get(victim) == 1, GIVE_UP,
                                       "re-admission")
         after = await placement(router.url, KEYS)
         stop_tl.set()
@@ -175,7 +181,10 @@ def test_kill_one_replica(fleet4: Fleet, start_router: Callable[..., RouterProce
     assert non_streamed_failures(outcomes) == []
     assert stream_failures(outcomes) == []
     assert cut, "no stream was open on the victim when it died: the scenario proved nothing"
-    assert all(o.t_end - r["t_kill"] < SSE_ERROR_WITHIN for o in cut)
+    promise(measure, "chaos_kill", "eject", r["eject"], EJECT_WITHIN)
+    promise(measure, "chaos_kill", "readmit", r["readmit"], READMIT_WITHIN)
+    promise(measure, "chaos_kill", "cut_stream_end", max(o.t_end - r["t_kill"] for o in cut),
+            SSE_ERROR_WITHIN)
     assert metric(samples, "prefix_router_ejections_total", replica=victim) >= 1
     # only the victim's keys moved, and they all came back
     moved = {k for k in range(KEYS) if r["during"][k] != r["before"][k]}
@@ -186,37 +195,53 @@ def test_kill_one_replica(fleet4: Fleet, start_router: Callable[..., RouterProce
 
 def test_hung_replica(fleet4: Fleet, start_router: Callable[..., RouterProcess],
                       measure: Callable[..., None]) -> None:
-    """SIGSTOP: connections are still accepted by the kernel, nothing is ever answered."""
-    router = chaos_router(start_router, fleet4)
+    """SIGSTOP: connections are still accepted by the kernel, nothing is ever answered.
+
+    The idle timeout is HUNG_IDLE_TIMEOUT here: it cuts the streams stalled on the stopped
+    replica, and it must never cut one of a healthy replica that a loaded machine merely
+    starved for a while (with 1 s it did, under two CPU hogs: a stream of sim-3 cut after
+    1.25 s). The replica is resumed only once the idle timeout has cut a stream stalled on it
+    (an event, not a fixed pause), so the scenario holds at any speed of the machine."""
+    router = chaos_router(start_router, fleet4, proxy={"idle_timeout": HUNG_IDLE_TIMEOUT})
     victim_i = 1
     victim = fleet4.names[victim_i]
 
     async def scenario() -> dict[str, Any]:
         timeline, stop_tl, stop_load = Timeline(router.metrics_url), asyncio.Event(), asyncio.Event()
+        cut_on_victim = asyncio.Event()
+
+        def seen(o: Outcome) -> None:
+            if o.stream and o.kind == "sse_error" and o.replica == victim:
+                cut_on_victim.set()
+
         poller = asyncio.create_task(timeline.run(stop_tl))
-        load = asyncio.create_task(run_load(router.url, count=scaled(4000), duration=30,
+        load = asyncio.create_task(run_load(router.url, count=scaled(4000), duration=120,
                                             concurrency=16, keys=KEYS, max_tokens=16,
-                                            stream_tokens=LONG_STREAM, stop=stop_load))
+                                            stream_tokens=LONG_STREAM, stop=stop_load,
+                                            on_outcome=seen))
         await asyncio.sleep(1.0)
         t_stop = time.monotonic()
         pid = fleet4.pids[victim_i]
         assert pid is not None
         os.kill(pid, signal.SIGSTOP)
-        eject = await timeline.wait(t_stop, lambda h: h.get(victim) == 0, EJECT_WITHIN,
+        eject = await timeline.wait(t_stop, lambda h: h.get(victim) == 0, GIVE_UP,
                                     "ejection of the hung replica")
-        await asyncio.sleep(1.5)
-        t_ejected_settled = time.monotonic()
-        await asyncio.sleep(1.0)
+        t_ejected = t_stop + eject
+        try:
+            await asyncio.wait_for(cut_on_victim.wait(), GIVE_UP)
+        except TimeoutError:
+            raise AssertionError(f"no stream stalled on {victim} was cut in {GIVE_UP}s") from None
+        await asyncio.sleep(1.0)   # requests keep coming while it is out of rotation
         os.kill(pid, signal.SIGCONT)
         t_cont = time.monotonic()
-        readmit = await timeline.wait(t_cont, lambda h: h.get(victim) == 1, READMIT_WITHIN,
+        readmit = await timeline.wait(t_cont, lambda h: h.get(victim) == 1, GIVE_UP,
                                       "re-admission of the resumed replica")
         stop_load.set()
         outcomes = await load
         stop_tl.set()
         await poller
         return dict(outcomes=outcomes, t_stop=t_stop, eject=eject, readmit=readmit,
-                    t_settled=t_ejected_settled)
+                    t_settled=t_ejected, t_cont=t_cont)
 
     r = asyncio.run(scenario())
     outcomes: list[Outcome] = r["outcomes"]
@@ -227,13 +252,19 @@ def test_hung_replica(fleet4: Fleet, start_router: Callable[..., RouterProcess],
             streams_ended_by_idle_timeout=len(stalled),
             non_streamed_failed=len(failed_plain),
             non_streamed_failed_statuses=dict(Counter(o.status for o in failed_plain)))
-    # nothing hangs: every request ended, stalled streams within the idle timeout of the stall
+    # nothing hangs: every request ended (stalled streams with an SSE error event, from the
+    # idle timeout; how soon after the stall is a promise)
     assert all(o.kind != "exception" for o in outcomes)
     assert stalled, "no stream was open on the hung replica: the scenario proved nothing"
     assert failed_plain == []
-    assert all(o.t_end - max(o.t_start, r["t_stop"]) < SSE_ERROR_WITHIN for o in stalled)
-    # once the hung replica is out of rotation, nothing fails
-    assert [o for o in outcomes if o.kind != "ok" and o.t_start > r["t_settled"]] == []
+    promise(measure, "chaos_hang", "eject", r["eject"], EJECT_WITHIN)
+    promise(measure, "chaos_hang", "readmit", r["readmit"], READMIT_WITHIN)
+    promise(measure, "chaos_hang", "stalled_stream_end",
+            max(o.t_end - max(o.t_start, r["t_stop"]) for o in stalled), HUNG_IDLE_TIMEOUT + 2.0)
+    # while the hung replica is out of rotation, nothing fails (from SIGCONT on it is back and
+    # works off what queued up while it was stopped: that is the re-admission, not this check)
+    assert [o for o in outcomes
+            if o.kind != "ok" and r["t_settled"] < o.t_start < r["t_cont"]] == []
 
 
 def test_hung_replica_loses_no_non_streamed_request(
@@ -305,12 +336,12 @@ def test_flapping_replica(fleet4: Fleet, start_router: Callable[..., RouterProce
             t_down = time.monotonic()
             await asyncio.to_thread(fleet4.kill, flapper_i, signal.SIGKILL)
             ejects.append(await timeline.wait(t_down, lambda h: h.get(flapper) == 0,
-                                              EJECT_WITHIN, "ejection of the flapping replica"))
+                                              GIVE_UP, "ejection of the flapping replica"))
             await asyncio.sleep(max(0.0, t_down + down - time.monotonic()))
             await asyncio.to_thread(fleet4.restart, flapper_i)
             t_up = time.monotonic()
             readmits.append(await timeline.wait(t_up, lambda h: h.get(flapper) == 1,
-                                                READMIT_WITHIN, "re-admission after the flap"))
+                                                GIVE_UP, "re-admission after the flap"))
             await asyncio.sleep(max(0.0, t_up + up - time.monotonic()))
         stop_load.set()
         outcomes = await load
@@ -328,6 +359,8 @@ def test_flapping_replica(fleet4: Fleet, start_router: Callable[..., RouterProce
             retries=metric(samples, "prefix_router_retries_total"))
     assert non_streamed_failures(outcomes) == []
     assert stream_failures(outcomes) == []
+    promise(measure, "chaos_flap", "eject_max", max(r["ejects"]), EJECT_WITHIN)
+    promise(measure, "chaos_flap", "readmit_max", max(r["readmits"]), READMIT_WITHIN)
     assert metric(samples, "prefix_router_ejections_total", replica=flapper) >= cycles
     assert metric(samples, "prefix_router_replica_healthy", replica=flapper) == 1
 
@@ -347,7 +380,7 @@ def test_all_down_then_back(fleet4: Fleet, start_router: Callable[..., RouterPro
                                    for i in range(len(fleet4))))
             t_up = time.monotonic()
             recovered: float | None = None
-            while time.monotonic() - t_up < READMIT_WITHIN:
+            while time.monotonic() - t_up < GIVE_UP:
                 o = await one(session, router.url, 0, stream=False, client_timeout=10)
                 if o.kind == "ok":
                     recovered = time.monotonic() - t_up
@@ -370,6 +403,7 @@ def test_all_down_then_back(fleet4: Fleet, start_router: Callable[..., RouterPro
     # fast answers, not timeouts: every 503 came from the router's own state (no replica to try)
     promise(measure, "chaos_all_down", "slowest_503", max(o.seconds for o in down), 2.0)
     assert r["recovered"] is not None
+    promise(measure, "chaos_all_down", "recovered", r["recovered"], READMIT_WITHIN)
     assert all(o.kind == "ok" for o in r["after"])
 
 

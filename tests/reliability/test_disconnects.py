@@ -4,8 +4,9 @@ The router runs in this process (a real uvicorn on 127.0.0.1) so its event loop'
 counted; the replicas are simulated vLLM processes that count requests and aborts
 (`GET /admin/stats`). Clients are raw sockets so "drop" means exactly one close() (or an RST).
 
-- 200 clients each open a long stream, read the first SSE chunk, then drop it.
-- 200 clients send a long non-streamed request to replicas with ``--max-num-seqs 2`` (so almost
+- 100 clients (`CLIENTS`; 500 in the report run) each open a long stream, read the first SSE
+  chunk, then drop it.
+- 100 clients send a long non-streamed request to replicas with ``--max-num-seqs 2`` (so almost
   all of them wait in the replica's queue), then drop it.
 
 Per dropped client we take two times from the drop: until the router closed the upstream
@@ -53,6 +54,10 @@ pytestmark = pytest.mark.slow
 ABORT_PROMISE = 0.1  # the promise: every request aborted within 100 ms of its client's drop
 LONG = 1000         # tokens: no request can finish during the test
 SPEED = 0.05        # 200 ms engine steps: 200 open streams stay cheap for a 2-core box
+# Clients per test. Every assertion is per request (each one aborted once, nothing left behind),
+# so make test needs no more than this; the report run's RELIABILITY_SCALE=5 reaches the cap.
+CLIENTS = 100
+MAX_CLIENTS = 500
 
 
 @pytest.fixture
@@ -249,7 +254,7 @@ def test_drop_mid_stream(start_fleet: Callable[..., Fleet], in_process_router: A
                          measure: Callable[..., None]) -> None:
     fleet = start_fleet(4, speed=SPEED)
     srv, app = in_process_router(fleet)
-    r = run_drops(fleet, srv, app, stream=True, n=min(scaled(200), 500))
+    r = run_drops(fleet, srv, app, stream=True, n=min(scaled(CLIENTS), MAX_CLIENTS))
     check_and_record("disconnect_mid_stream", r, measure)
 
 
@@ -257,6 +262,6 @@ def test_drop_while_queued(start_fleet: Callable[..., Fleet], in_process_router:
                            measure: Callable[..., None]) -> None:
     fleet = start_fleet(4, max_num_seqs=2, speed=SPEED)
     srv, app = in_process_router(fleet)
-    r = run_drops(fleet, srv, app, stream=False, n=min(scaled(200), 500))
+    r = run_drops(fleet, srv, app, stream=False, n=min(scaled(CLIENTS), MAX_CLIENTS))
     assert r["waiting_at_drop"] >= r["sent"] - 8   # all but the 8 running ones were queued
     check_and_record("disconnect_queued", r, measure)

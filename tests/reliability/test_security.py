@@ -170,12 +170,11 @@ def test_upstream_key_replaces_client_key(recorder: tuple[Recorder, ThreadedServ
 def test_metrics_only_on_admin_listener(recorder: tuple[Recorder, ThreadedServer],
                                         start_router: Callable[..., RouterProcess]) -> None:
     _, upstream = recorder
-    admin_port = free_port()
     router = start_router(router_config([upstream.url], ["rec"],
-                                        admin={"host": "127.0.0.1", "port": admin_port}))
+                                        admin={"host": "127.0.0.1", "port": free_port()}))
     assert post(router.url, chat_body(5)).status_code == 200
     assert httpx.get(router.url + "/metrics").status_code == 404
-    admin = f"http://127.0.0.1:{admin_port}"
+    admin = f"http://127.0.0.1:{router.config['admin']['port']}"
     resp = httpx.get(admin + "/metrics")
     assert resp.status_code == 200 and "prefix_router_requests_total" in resp.text
     # the admin listener serves metrics and probes, never the API

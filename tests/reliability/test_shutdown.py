@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from loadtest.fleet import Fleet
-from tests.reliability.conftest import RouterProcess, router_config
+from tests.reliability.conftest import RouterProcess, promise, router_config
 from tests.reliability.load import chat_body
 
 pytestmark = pytest.mark.slow
@@ -77,7 +77,8 @@ def test_sigterm_under_load(start_fleet: Callable[..., Fleet],
             t_term = time.monotonic()
             router.proc.terminate()  # type: ignore[union-attr]
             refused_after: float | None = None
-            while time.monotonic() - t_term < 3 and not all(t.done() for t in tasks):
+            # until refused, or no stream is left to prove it was refused *while* they ran
+            while time.monotonic() - t_term < 30 and not all(t.done() for t in tasks):
                 if await asyncio.to_thread(refused, router.port):
                     refused_after = time.monotonic() - t_term
                     break
@@ -102,9 +103,9 @@ def test_sigterm_under_load(start_fleet: Callable[..., Fleet],
     assert r["code"] == 0
     assert r["refused_after"] is not None and r["still_running"]  # refused while streams ran
     if grace >= 10:
-        assert {k for k, _ in ends} == {"done"}
-        assert last_end < grace
+        assert {k for k, _ in ends} == {"done"}   # none was cut: all ended within the grace
     else:
         # cut at the grace period, not finished, each SSE stream ended with an error event
         assert {k for k, _ in ends} == {"error event"}
-        assert float(r["exited_after"]) < grace + 5   # type: ignore[arg-type]
+        promise(measure, f"shutdown_grace_{grace:g}s", "exit_after_sigterm",
+                float(r["exited_after"]), grace + 5)  # type: ignore[arg-type]

@@ -278,6 +278,8 @@ def test_trickled_body_gets_408_and_the_app_sees_a_disconnect(
         raw = drip(s, lambda _: b"x", 0.1, 100)   # one byte every 0.1 s for up to 10 s
     assert status(raw) == 408 and error_code(raw) == "request_timeout"
     assert app.rejected("body_timeout") == 1
+    # the app learns of the disconnect in its own task, maybe after the client saw the close
+    wait_for(lambda: app.refused != [], "the app to see the disconnect")
     assert app.refused == ["limits.body_timeout"]
     (line,) = app.lines()
     assert (line["method"], line["path"], line["limit"]) == ("POST", "/x", "limits.body_timeout")
@@ -331,7 +333,7 @@ def test_connection_cap_refuses_at_once(serve: Callable[..., tuple[GuardedApp, i
     app, port = serve(max_connections=5, header_timeout=30.0)
     held = [connect(port) for _ in range(5)]
     try:
-        time.sleep(0.2)   # all five accepted
+        wait_for(lambda: app.connection_guard.open == 5, "all five admitted")
         with connect(port) as s:
             s.sendall(get())
             raw = read_all(s)   # answered and closed: no wait for the socket's timeout
@@ -356,7 +358,7 @@ def test_per_client_cap(serve: Callable[..., tuple[GuardedApp, int]]) -> None:
     app, port = serve(max_connections_per_client=2, header_timeout=30.0)
     held = [connect(port, "127.0.0.2") for _ in range(2)]
     try:
-        time.sleep(0.2)
+        wait_for(lambda: app.connection_guard.open == 2, "both admitted")
         with connect(port, "127.0.0.2") as s:
             raw = read_all(s)
         assert status(raw) == 503 and app.rejected("too_many_client_connections") == 1

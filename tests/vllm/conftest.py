@@ -44,9 +44,19 @@ def vllm_env() -> VllmEnv:
         pytest.skip(reason)
 
 
+# The fast suite's per-test timeout (pyproject: 120 s) is too short here: starting vLLM, or only
+# `import vllm` in its env (~55 s on a loaded 2-core box), can take longer. A module that names
+# no timeout of its own gets this one (test_kv_wire's setup once hit the 120 s under load).
+STAGE_TIMEOUT = 900
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules that set RUN_LAST (they kill replicas) go last; the sort is stable otherwise."""
+    """Modules that set RUN_LAST (they kill replicas) go last; the sort is stable otherwise.
+    vLLM tests without a timeout marker get `STAGE_TIMEOUT`."""
     items.sort(key=lambda item: bool(getattr(getattr(item, "module", None), "RUN_LAST", False)))
+    for item in items:
+        if item.get_closest_marker("vllm") and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(STAGE_TIMEOUT))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
