@@ -53,6 +53,7 @@ from loadtest.replica.kv_config import (
     KvEventsConfig,
     is_bind_endpoint,
     parse_kv_events_config,
+    split_tcp,
     with_port,
 )
 
@@ -108,11 +109,11 @@ def mixed_members(models: list[tuple[str, int]], loras: list[tuple[str, str, int
 
 
 def _port_of(endpoint: str) -> int:
-    _, sep, port = endpoint.rpartition(":")
-    if not sep or not port.isdigit() or not endpoint.startswith("tcp://"):
+    parts = split_tcp(endpoint)
+    if parts is None or not parts[1].isdigit():
         raise ValueError(f"--kv-events-config: a fleet needs tcp://HOST:PORT endpoints, "
                          f"got {endpoint!r}")
-    return int(port)
+    return int(parts[1])
 
 
 class FleetError(RuntimeError):
