@@ -240,6 +240,13 @@ class Fleet:
                 for m in self._members]
 
     @property
+    def kv_replicas(self) -> list[tuple[str, ...]]:
+        """(name, url, KV-event endpoint, replay endpoint) of each replica, "" for none: the
+        replica rows a router that subscribes to KV events is launched with."""
+        return [(n, u, e or "", r or "") for n, u, e, r in zip(
+            self.names, self.urls, self.kv_endpoints, self.kv_replay_endpoints, strict=True)]
+
+    @property
     def admin_urls(self) -> list[str]:
         return [f"http://127.0.0.1:{m.admin_port}" for m in self._members]
 
