@@ -72,8 +72,8 @@ class SglangModel:
             if holder is not None and rate > self.cache_threshold:
                 pick, branch = holder, Branch.CACHE_HIT
             else:
-                names = [r.name for r in states]
-                pick = min(names, key=lambda n: (self._size.get(n, 0), names.index(n)))
+                # min keeps the first of equal sizes: ties go to the earliest replica
+                pick = min((r.name for r in states), key=lambda n: self._size.get(n, 0))
                 branch = Branch.HOME
         self._insert(pick, chunks.hashes, chunks.tokens)
         order = (pick, *(r.name for r in states if r.name != pick))
