@@ -89,21 +89,6 @@ def mooncake_slice(trace: Path, out: Path, requests: int, max_input_tokens: int)
     return out
 
 
-def _requests(w: BenchWorkload, seed: int, workdir: Path) -> tuple[list[Request], dict[str, Any]]:
-    spec = dict(w.spec)
-    meta: dict[str, Any] = {"name": w.name, "rate": w.rate, "seed": seed}
-    if w.max_input_tokens:
-        workdir.mkdir(parents=True, exist_ok=True)
-        spec["trace_path"] = str(mooncake_slice(Path(spec["trace_path"]), workdir / "slice.jsonl",
-                                                w.requests, w.max_input_tokens))
-        meta["slice"] = (f"whole conversations (>= 2 turns, <= {w.max_input_tokens} input "
-                         "tokens per turn) in order of first appearance")
-    reqs = generate(WorkloadSpec(w.name, requests=w.requests, rate=w.rate, seed=seed, **spec))
-    meta["requests"] = len(reqs)
-    meta.update({k: v for k, v in w.spec.items() if k != "trace_path"})
-    return reqs, meta
-
-
 def cell_requests(w: BenchWorkload, seed: int, workdir: Path) -> tuple[list[Request], dict[str, Any]]:
     """The requests of cell ``w`` (mooncake: its slice, written under ``workdir``) and their
     description for the report."""
