@@ -109,9 +109,7 @@ def run_cell(w: BenchWorkload, setups: list[str], workdir: Path, seed: int,
         fleet.start()
         t = time.monotonic()
         try:
-            replicas = [(n, u, e or "", r or "") for n, u, e, r in zip(
-                fleet.names, fleet.urls, fleet.kv_endpoints, fleet.kv_replay_endpoints,
-                strict=True)]
+            replicas = fleet.kv_replicas
             with launch(setup, replicas, workdir / w.name / name) as launched:
                 pids = _pids(launched)
                 cpu0 = sum(cpu_seconds(p) for p in pids)

@@ -167,9 +167,7 @@ def run_setup(setup: Setup, requests: Sequence[Request], plan: Plan, fleet_param
     try:
         replicas: list[tuple[str, ...]] = list(zip(fleet.names, fleet.urls, strict=True))
         if fleet_params.kv_events:
-            replicas = [(n, u, e or "", r or "") for n, u, e, r in zip(
-                fleet.names, fleet.urls, fleet.kv_endpoints, fleet.kv_replay_endpoints,
-                strict=True)]
+            replicas = fleet.kv_replicas
         with launch(setup, replicas, workdir) as launched:
             p = replace(plan, target=launched.url, prefix_hash_header=setup.prefix_hash_header,
                         replica_urls=tuple(fleet.urls), progress_label=setup.name)

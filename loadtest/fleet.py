@@ -53,6 +53,7 @@ from loadtest.replica.kv_config import (
     KvEventsConfig,
     is_bind_endpoint,
     parse_kv_events_config,
+    split_tcp,
     with_port,
 )
 
@@ -108,11 +109,11 @@ def mixed_members(models: list[tuple[str, int]], loras: list[tuple[str, str, int
 
 
 def _port_of(endpoint: str) -> int:
-    _, sep, port = endpoint.rpartition(":")
-    if not sep or not port.isdigit() or not endpoint.startswith("tcp://"):
+    parts = split_tcp(endpoint)
+    if parts is None or not parts[1].isdigit():
         raise ValueError(f"--kv-events-config: a fleet needs tcp://HOST:PORT endpoints, "
                          f"got {endpoint!r}")
-    return int(port)
+    return int(parts[1])
 
 
 class FleetError(RuntimeError):
@@ -237,6 +238,13 @@ class Fleet:
         """Where to send replica i's replay requests (a DEALER socket; None: no replay)."""
         return [None if m.kv_replay_port is None else f"tcp://{self._kv_host()}:{m.kv_replay_port}"
                 for m in self._members]
+
+    @property
+    def kv_replicas(self) -> list[tuple[str, ...]]:
+        """(name, url, KV-event endpoint, replay endpoint) of each replica, "" for none: the
+        replica rows a router that subscribes to KV events is launched with."""
+        return [(n, u, e or "", r or "") for n, u, e, r in zip(
+            self.names, self.urls, self.kv_endpoints, self.kv_replay_endpoints, strict=True)]
 
     @property
     def admin_urls(self) -> list[str]:

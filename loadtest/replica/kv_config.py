@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 __all__ = ["PUBLISHERS", "KvEventsConfig", "is_bind_endpoint", "parse_kv_events_config",
-           "with_port"]
+           "split_tcp", "with_port"]
 
 PUBLISHERS = ("null", "zmq")
 
@@ -87,14 +87,20 @@ def is_bind_endpoint(endpoint: str) -> bool:
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
 
+def split_tcp(url: str) -> tuple[str, str] | None:
+    """(``tcp://HOST``, the text after the last ``:``) of a ``tcp://`` endpoint; None otherwise."""
+    base, sep, port = url.rpartition(":")
+    return (base, port) if sep and url.startswith("tcp://") else None
+
+
 def with_port(config: KvEventsConfig, endpoint: int, replay: int | None) -> KvEventsConfig:
     """``config`` with the TCP ports of its endpoints replaced (a fleet gives every replica its
     own); ``replay`` None keeps the replay endpoint off if it was off."""
     def swap(url: str, port: int) -> str:
-        base, sep, _ = url.rpartition(":")
-        if not sep or not url.startswith("tcp://"):
+        parts = split_tcp(url)
+        if parts is None:
             raise ValueError(f"--kv-events-config: cannot set the port of {url!r}")
-        return f"{base}:{port}"
+        return f"{parts[0]}:{port}"
 
     return replace(
         config, endpoint=swap(config.endpoint, endpoint),
