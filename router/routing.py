@@ -379,12 +379,13 @@ class Router:
         return routed
 
     def _priced(self, replica: str, prefill: float) -> None:
+        """An attempt was dispatched with this predicted prefill: the running mean that prices
+        other routers' waiting requests (``replica``: the dispatch callback's shape)."""
         self._mean_prefill += _EMA * (prefill - self._mean_prefill)
 
     def _dispatched(self, replica: str, prefill: float) -> None:
-        """An attempt was dispatched to ``replica`` with this predicted prefill (the running
-        mean that prices other routers' waiting requests; the recent request counts)."""
-        self._mean_prefill += _EMA * (prefill - self._mean_prefill)
+        """`_priced`, and the dispatch counts in the recent request counts of ``replica``."""
+        self._priced(replica, prefill)
         if self.recent is not None:
             self.recent.add(replica, self.settings.rate_window * self._fleet)
 

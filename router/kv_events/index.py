@@ -117,9 +117,6 @@ class PreciseIndex:
         r = self._replicas.get(replica)
         return r is not None and r.live and r.block_size in (0, block_size)
 
-    def live_replicas(self) -> list[str]:
-        return [n for n, r in self._replicas.items() if r.live]
-
     def block_size(self) -> int:
         """The block size of the live replicas that reported one (0: none yet). Replicas with
         another block size than the first live one are answered by the approximate index."""
