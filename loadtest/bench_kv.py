@@ -30,32 +30,31 @@ minutes on 2 cores (``--simulate``: about 3 minutes of one core). Run it under
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from loadtest.cells import WORKLOADS, BenchWorkload, cell_requests
-from loadtest.compare import FleetParams, machine_info
+from loadtest.compare import FleetParams, machine_info, metrics_text, plan_for, setup_on_fleet
 from loadtest.doc_blocks import replace_block
-from loadtest.fleet import Fleet
+from loadtest.fleet import FleetError
 from loadtest.runner import Plan, run
 from loadtest.setups import (
     Launched,
     SetupError,
     cpu_seconds,
-    launch,
     parse_setup,
     tiny_tokenizer_dir,
 )
 
-__all__ = ["BLOCK", "CACHE_PRESSURE", "SETUPS", "SIM_BLOCK", "SPLIT", "main", "render",
-           "render_simulated", "run_simulated"]
+__all__ = ["BLOCK", "CACHE_PRESSURE", "SETUPS", "SIM_BLOCK", "SPLIT", "cached_counters", "main",
+           "render", "render_simulated", "run_simulated"]
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = "kv-events"
@@ -73,14 +72,11 @@ _COUNTER = re.compile(r"^(prefix_router_(?:predicted|reported)_cached_tokens_tot
                       r"\s+(\S+)", re.M)
 
 
-def _cached_counters(url: str) -> dict[str, float]:
-    try:
-        with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
-            text = r.read().decode()
-    except OSError:
-        return {}
+def cached_counters(metrics: str) -> dict[str, float]:
+    """The router's predicted and reported cached tokens (``predicted`` / ``reported``, summed
+    over labels) from its /metrics text."""
     out: dict[str, float] = {}
-    for name, value in _COUNTER.findall(text):
+    for name, value in _COUNTER.findall(metrics):
         key = name.split("_")[2]
         out[key] = out.get(key, 0.0) + float(value)
     return out
@@ -103,31 +99,23 @@ def run_cell(w: BenchWorkload, setups: list[str], workdir: Path, seed: int,
         if setup.unavailable():
             cell["failed"][name] = setup.unavailable()
             continue
-        fleet = Fleet(replicas=w.fleet.replicas, model_path=str(tokenizer_dir),
-                      log_dir=str(workdir / w.name / name / "fleet"),
-                      **w.fleet.replica_options())
-        fleet.start()
         t = time.monotonic()
+        counters: dict[str, float] = {}
         try:
-            replicas = fleet.kv_replicas
-            with launch(setup, replicas, workdir / w.name / name) as launched:
+            with setup_on_fleet(setup, w.fleet, workdir / w.name / name,
+                                tokenizer_dir) as (fleet, launched):
                 pids = _pids(launched)
                 cpu0 = sum(cpu_seconds(p) for p in pids)
-                p = replace(plan, target=launched.url, replica_urls=tuple(fleet.urls),
-                            progress_label=name)
-                result = run(p, reqs, meta)
+                result = run(plan_for(plan, setup, fleet, launched), reqs, meta)
                 cpu = sum(cpu_seconds(p) for p in pids) - cpu0
-                counters: dict[str, float] = {}
-                if setup.kind == "router":
-                    for part in launched.parts or [launched]:
-                        for k, v in _cached_counters(part.url).items():
+                for url in launched.urls if setup.kind == "router" else []:
+                    with contextlib.suppress(OSError):  # a router that does not answer: none
+                        for k, v in cached_counters(metrics_text(url)).items():
                             counters[k] = counters.get(k, 0.0) + v
-        except (SetupError, OSError) as exc:
+        except (SetupError, FleetError, OSError) as exc:
             cell["failed"][name] = " ".join(str(exc).split())[:300]
             print(f"[{w.name}] {name}: FAILED {exc}", file=sys.stderr, flush=True)
             continue
-        finally:
-            fleet.stop()
         s = result.summary()
         row = {"hit_rate": s["hit_rate"], "ttft": s["ttft"], "ok": s["ok"],
                "errors": s["error_count"], "output_token_throughput":
