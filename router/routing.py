@@ -79,15 +79,6 @@ ExactKeys = Callable[[str, Mapping[str, Any] | None, Pool | None], Chunks | None
 _EMA = 0.05  # weight of one request in the running mean of predicted prefill tokens
 
 
-def _first_turn(body: Mapping[str, Any] | None) -> bool:
-    """A chat request without assistant or tool turns: a conversation's first."""
-    messages = body.get("messages") if isinstance(body, Mapping) else None
-    if not isinstance(messages, list):
-        return False
-    return not any(isinstance(m, Mapping) and m.get("role") in ("assistant", "tool")
-                   for m in messages)
-
-
 def _streams(body: Mapping[str, Any] | None) -> bool:
     return isinstance(body, Mapping) and body.get("stream") is True
 
@@ -355,7 +346,7 @@ class Router:
                                 rank.get(r.name, fleet),
                                 0.0 if recent is None else recent.count(r.name))
                       for r in available]
-        first = _first_turn(body)
+        first = key.first_turn
         factor = (self._first_factor if first and self._first_factor != 1.0
                   and not self._caches_full(available) else 1.0)
         decision = self.pipeline.pick(RequestView(key, prompt, cold_key is not None, factor,
