@@ -173,11 +173,12 @@ def request_share(factor: float, slack: float) -> Filter:
     them: a hot preamble is copied onto a few more replicas instead of piling onto its holder.
     Any other request keeps every replica holding its longest cached prefix (moving it costs
     its whole history) and may otherwise only go to a replica under share, so a load spill
-    never lands on a replica already ahead; with nothing cached anywhere it is bounded like a
-    first turn. None kept -> all (the filter never empties the set).
+    never lands on a replica already ahead. A request with nothing cached anywhere keeps every
+    replica: cold placement stays the ring's (``ring: nginx`` parity; router processes with
+    different counts still agree). None kept -> all (the filter never empties the set).
 
-    Invariant: a replica over share receives only requests whose longest cached prefix it
-    holds (or every request, when every replica is over share). Cost: O(N).
+    Invariant: a replica over share receives only cold requests and requests whose longest
+    cached prefix it holds (or anything, when every replica is over share). Cost: O(N).
     """
 
     def keep(req: RequestView, candidates: list[Candidate]) -> list[Candidate]:
@@ -186,13 +187,13 @@ def request_share(factor: float, slack: float) -> Filter:
         for c in candidates:
             total += c.share
             weight += c.state.weight
+        top = max(c.cached for c in candidates)
+        if top <= 0:  # cold: placed by the ring, as nginx and every other router would
+            return candidates
         fair = factor * total / weight
-        if req.first_turn:
-            kept = [c for c in candidates if c.share + 1 <= fair * c.state.weight + slack]
-        else:
-            top = max(c.cached for c in candidates)
-            kept = [c for c in candidates if (top > 0 and c.cached == top)
-                    or c.share + 1 <= fair * c.state.weight + slack]
+        sticky = not req.first_turn
+        kept = [c for c in candidates if (sticky and c.cached == top)
+                or c.share + 1 <= fair * c.state.weight + slack]
         return kept or candidates
 
     return keep

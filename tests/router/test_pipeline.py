@@ -150,8 +150,8 @@ SHARE_CASES = [
     (False, [("a", 21, 900), ("b", 6, 0), ("c", 6, 0), ("d", 6, 0)], ["a", "b", "c", "d"]),
     # ... and may move only to a replica under share: c, over share, is no spill target
     (False, [("a", 12, 900), ("b", 5, 0), ("c", 16, 300), ("d", 6, 0)], ["a", "b", "d"]),
-    # nothing cached anywhere: bounded like new work
-    (False, [("a", 21, 0), ("b", 6, 0), ("c", 6, 0), ("d", 6, 0)], ["b", "c", "d"]),
+    # nothing cached anywhere: not bounded, cold placement stays the ring's (nginx parity)
+    (True, [("a", 21, 0), ("b", 6, 0), ("c", 6, 0), ("d", 6, 0)], ["a", "b", "c", "d"]),
     # every replica holding the longest prefix is kept
     (False, [("a", 20, 900), ("b", 13, 900), ("c", 3, 0), ("d", 3, 0)], ["a", "b", "c", "d"]),
 ]
@@ -169,15 +169,15 @@ def test_request_share_slack_and_weights() -> None:
     keep = request_share(1.0, 3.0)
     new = RequestView(PREFIX, 100, first_turn=True)
     # small counts never bind: 3 requests of slack
-    assert len(keep(new, [shared("a", 3), shared("b", 0)])) == 2
-    assert [c.name for c in keep(new, [shared("a", 6), shared("b", 0)])] == ["b"]
+    assert len(keep(new, [shared("a", 3, 50), shared("b", 0)])) == 2
+    assert [c.name for c in keep(new, [shared("a", 6, 50), shared("b", 0)])] == ["b"]
     # the filter never empties the set
-    assert len(keep(new, [shared("a", 50)])) == 1
+    assert len(keep(new, [shared("a", 50, 50)])) == 1
     # a replica of weight 2 may take twice the share: 27 (+1) over weight 4 -> 7 a weight
-    heavy = Candidate(ReplicaState("a", "http://a", weight=2), 0, 0.0, 0, 0.0, 15.0)
+    heavy = Candidate(ReplicaState("a", "http://a", weight=2), 50, 0.0, 0, 0.0, 15.0)
     got = keep(new, [heavy, shared("b", 6), shared("c", 6)])
     assert [c.name for c in got] == ["a", "b", "c"]
-    got = keep(new, [shared("a", 15), shared("b", 6), shared("c", 6)])  # weight 1: over
+    got = keep(new, [shared("a", 15, 50), shared("b", 6), shared("c", 6)])  # weight 1: over
     assert [c.name for c in got] == ["b", "c"]
 
 
