@@ -36,22 +36,31 @@ import re
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from loadtest._net import http_get
 from loadtest.ceiling import fleet_ceiling
 from loadtest.fleet import Fleet, FleetError
 from loadtest.runner import Plan, RunResult, add_workload_arguments, run, workload_spec
-from loadtest.setups import Setup, SetupError, launch, parse_setup, tiny_tokenizer_dir
+from loadtest.setups import (
+    Launched,
+    Setup,
+    SetupError,
+    launch,
+    parse_setup,
+    tiny_tokenizer_dir,
+)
 from loadtest.workloads import Request, generate
 
 KV_EVENTS_CONFIG = json.dumps({"enable_kv_cache_events": True, "topic": "kv",
                                "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0"})
 
-__all__ = ["DEFAULT_SETUPS", "FleetParams", "KV_EVENTS_CONFIG", "add_arguments", "compare", "machine_info", "main"]
+__all__ = ["DEFAULT_SETUPS", "FleetParams", "KV_EVENTS_CONFIG", "add_arguments", "compare",
+           "machine_info", "main", "metrics_text", "plan_for", "setup_on_fleet"]
 
 DEFAULT_SETUPS = ("router-prefix", "router-round_robin", "router-least_loaded", "nginx",
                   "sglang-cache_aware", "sglang-round_robin", "vllm-consistent_hash",
@@ -142,10 +151,17 @@ def router_branches(metrics_text: str) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+def metrics_text(url: str, timeout: float = 5.0) -> str:
+    """The body of ``GET {url}/metrics``; OSError if it does not answer 200."""
+    got = http_get(url + "/metrics", timeout)
+    if got is None or got[0] != 200:
+        raise OSError(f"{url}/metrics: {'no answer' if got is None else f'status {got[0]}'}")
+    return got[1].decode()
+
+
 def scrape_branches(router_url: str, timeout: float = 5.0) -> dict[str, int]:
     """`router_branches` of ``GET {router_url}/metrics``; OSError if it does not answer."""
-    with urllib.request.urlopen(router_url + "/metrics", timeout=timeout) as resp:
-        return router_branches(resp.read().decode())
+    return router_branches(metrics_text(router_url, timeout))
 
 
 def _branches_or_empty(url: str) -> dict[str, int]:
@@ -155,12 +171,11 @@ def _branches_or_empty(url: str) -> dict[str, int]:
         return {}
 
 
-def run_setup(setup: Setup, requests: Sequence[Request], plan: Plan, fleet_params: FleetParams,
-              workdir: Path, tokenizer_dir: Path,
-              workload_meta: dict[str, Any]) -> tuple[RunResult, list[dict[str, int]]]:
-    """One cold fleet, one setup, one run; everything it started is stopped before it returns.
-    Also returns each router process's branch counts (none for other setups): the routers start
-    fresh, so their counters are this run's decisions."""
+@contextmanager
+def setup_on_fleet(setup: Setup, fleet_params: FleetParams, workdir: Path,
+                   tokenizer_dir: Path) -> Iterator[tuple[Fleet, Launched]]:
+    """A cold fleet (fresh caches, zeroed counters) with ``setup`` started in front of it; on
+    exit the setup, then the fleet, are stopped (by PID)."""
     fleet = Fleet(replicas=fleet_params.replicas, model_path=str(tokenizer_dir),
                   log_dir=str(workdir / "fleet"), **fleet_params.replica_options())
     fleet.start()
@@ -169,14 +184,28 @@ def run_setup(setup: Setup, requests: Sequence[Request], plan: Plan, fleet_param
         if fleet_params.kv_events:
             replicas = fleet.kv_replicas
         with launch(setup, replicas, workdir) as launched:
-            p = replace(plan, target=launched.url, prefix_hash_header=setup.prefix_hash_header,
-                        replica_urls=tuple(fleet.urls), progress_label=setup.name)
-            result = run(p, requests, workload_meta)
-            if setup.kind != "router":
-                return result, []
-            return result, [_branches_or_empty(u) for u in launched.urls]
+            yield fleet, launched
     finally:
         fleet.stop()
+
+
+def plan_for(plan: Plan, setup: Setup, fleet: Fleet, launched: Launched) -> Plan:
+    """``plan`` aimed at ``launched`` (scraping ``fleet``'s replicas before and after)."""
+    return replace(plan, target=launched.url, prefix_hash_header=setup.prefix_hash_header,
+                   replica_urls=tuple(fleet.urls), progress_label=setup.name)
+
+
+def run_setup(setup: Setup, requests: Sequence[Request], plan: Plan, fleet_params: FleetParams,
+              workdir: Path, tokenizer_dir: Path,
+              workload_meta: dict[str, Any]) -> tuple[RunResult, list[dict[str, int]]]:
+    """One cold fleet, one setup, one run; everything it started is stopped before it returns.
+    Also returns each router process's branch counts (none for other setups): the routers start
+    fresh, so their counters are this run's decisions."""
+    with setup_on_fleet(setup, fleet_params, workdir, tokenizer_dir) as (fleet, launched):
+        result = run(plan_for(plan, setup, fleet, launched), requests, workload_meta)
+        if setup.kind != "router":
+            return result, []
+        return result, [_branches_or_empty(u) for u in launched.urls]
 
 
 def compare(workloads: dict[str, tuple[list[Request], dict[str, Any]]], setups: Sequence[Setup],

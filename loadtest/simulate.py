@@ -302,7 +302,7 @@ def _precise_router(config: SimConfig, rset: ReplicaSet, engines: dict[str, Engi
     bs = config.block_size
     for name, eng in engines.items():
         precise.set_live(name, True)
-        eng.cache.on_store = lambda hashes, name=name: precise.store(name, hashes, hashes)
+        eng.cache.on_store = lambda hashes, name=name: precise.store(name, hashes, hashes, bs)
         eng.cache.on_evict = lambda hashes, name=name: precise.apply(
             name, BlockRemoved(block_hashes=list(hashes)))
 

@@ -3,7 +3,7 @@
 Request path (plain ASGI, no middleware stack):
 
     /v1/*   auth -> in-flight cap (429) -> read body (413) -> validate (400) -> model pool
-            (models.select_pool: 404 model_not_found / 503) -> routing.Router.route (key,
+            (models.ModelPools.select: 404 model_not_found / 503) -> routing.Router.route (key,
             cache_aware pipeline or policy, LoRA affinity) -> proxy.Forwarder.forward (retry
             before first byte, relay, disconnect); everything after the pool sees only its
             replicas
@@ -63,7 +63,7 @@ from router.errors import (
 from router.health import HealthMonitor
 from router.limits import ConnectionGuard, refused_by
 from router.metrics import RouterMetrics
-from router.models import PoolStatus, select_pool
+from router.models import ModelPools, PoolStatus
 from router.policy import Branch
 from router.proxy import Forwarder, Upstream, make_session
 from router.replicas import EndpointLike, ReplicaSet
@@ -99,6 +99,7 @@ class RouterApp:
         else:
             self.router = Router(r, self.replicas)
         self.policy = self.router.policy
+        self.pools = ModelPools()
         self.key_config = self.router.key_config
         self._key_headers = (self.key_config.key_header.encode(),
                              self.key_config.session_header.encode())
@@ -308,7 +309,7 @@ class RouterApp:
         key_headers = {n.decode("latin-1"): v.decode("latin-1") for n, v in headers
                        if n == key_hdr or n == session_hdr}
         model = parsed.get("model") if parsed is not None else None
-        pool = select_pool(model, self.replicas.states())
+        pool = self.pools.select(model, self.replicas.states())
         record.model = pool.label
         if pool.status is PoolStatus.NOT_FOUND:
             raise ModelNotFound()

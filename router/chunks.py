@@ -104,22 +104,24 @@ class _Builder:
 
     def add(self, text: str, extra_tokens: int = 0) -> None:
         """One unit (a message, a prompt): pieces of chunk_chars, the last ending the unit."""
-        self.extra += extra_tokens
-        size = self.chunk_chars
+        extra = self.extra = self.extra + extra_tokens
+        size, per, hashes, tokens = self.chunk_chars, self.chars_per_token, self.hashes, self.tokens
+        h, chars = self.h, self.chars
         n = len(text)
         start = 0
         while True:
-            if len(self.hashes) >= MAX_CHUNKS:
-                self.chars += n - start
-                return
+            if len(hashes) >= MAX_CHUNKS:
+                chars += n - start
+                break
             piece = text[start:start + size]
-            self.h = xxhash.xxh3_64_intdigest(piece.encode("utf-8", "surrogatepass"), seed=self.h)
-            self.chars += len(piece)
-            self.hashes.append(self.h)
-            self.tokens.append(self.estimate())
+            h = xxhash.xxh3_64_intdigest(piece.encode("utf-8", "surrogatepass"), seed=h)
+            chars += len(piece)
+            hashes.append(h)
+            tokens.append(int(chars / per) + extra)  # `estimate`, inlined: once per chunk
             start += size
             if start >= n:
-                return
+                break
+        self.h, self.chars = h, chars
 
     def estimate(self) -> int:
         return int(self.chars / self.chars_per_token) + self.extra

@@ -96,6 +96,9 @@ class RoutingKey:
     # Only such conversations get rendezvous (sticky) spill; a first turn without identity
     # spills in ring order, which keeps a hot prefix's overflow on the fewest replicas.
     sticky: bool = False
+    # A chat body (``messages`` a list) without assistant or tool turns: a conversation's
+    # first turn. Found by the same walk over the messages as ``sticky``'s history.
+    first_turn: bool = False
 
     @property
     def ring_key(self) -> str | None:
@@ -163,33 +166,39 @@ def derive(
     session = wanted.get(config.session_header)
     kind = _api_kind(path)
     conversation = _conversation(kind, session, body, config)
-    sticky = conversation is not None and (bool(session) or _has_state(body))
+    history = _history(body)
+    first = history is False
+    sticky = conversation is not None and (bool(session) or bool(history) or _has_user(body))
     override = wanted.get(config.key_header)
     if override:
-        return RoutingKey(override, conversation, KeySource.HEADER, 0, sticky)
+        return RoutingKey(override, conversation, KeySource.HEADER, 0, sticky, first)
     if kind is not None and _is_mapping(body):
         assert body is not None
         header, content, _, _, _ = _prefix_parts(kind, body, config)
         if len(content) >= max(1, config.min_prefix_chars):
             text = header + content
             digest = xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))
-            return RoutingKey(digest, conversation, KeySource.PREFIX, len(text), sticky)
+            return RoutingKey(digest, conversation, KeySource.PREFIX, len(text), sticky, first)
     if conversation is not None:
-        return RoutingKey(None, conversation, KeySource.CONVERSATION, 0, sticky)
-    return RoutingKey(None, None, KeySource.NONE, 0)
+        return RoutingKey(None, conversation, KeySource.CONVERSATION, 0, sticky, first)
+    return RoutingKey(None, None, KeySource.NONE, 0, False, first)
 
 
-def _has_state(body: Mapping[str, Any] | None) -> bool:
-    """An explicit ``user`` or chat history (assistant/tool turns) in the body."""
+def _has_user(body: Mapping[str, Any] | None) -> bool:
+    """An explicit ``user`` in the body."""
     if not _is_mapping(body):
         return False
     assert body is not None
     user = body.get("user")
-    if isinstance(user, str) and user:
-        return True
-    messages = body.get("messages")
+    return isinstance(user, str) and bool(user)
+
+
+def _history(body: Mapping[str, Any] | None) -> bool | None:
+    """Whether the chat history has an assistant or tool turn; None without a ``messages``
+    list. The one walk over the messages for both ``sticky`` and ``first_turn``."""
+    messages = body.get("messages") if _is_mapping(body) else None  # type: ignore[union-attr]
     if not isinstance(messages, list):
-        return False
+        return None
     for m in messages:
         if _is_mapping(m) and m.get("role") in _STATE_ROLES:
             return True

@@ -34,7 +34,9 @@ first replica in the decision's own candidate order (its ring/prefix preference)
 ``lora_affinity``. Replicas at ``max_lora`` are used only when they are the only ones under the
 cap; nothing under the cap -> the decision is kept (its ``fallback``).
 
-Cost: O(N) per request for N replicas (set lookups), no allocation beyond the pool tuple.
+Cost: `select_pool` is O(N x models) per call for N replicas; `ModelPools` (what the app
+calls) keeps the catalog and each model's pool until a replica or a model list changes, so a
+request costs O(N) identity checks and the pool's availability scan.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from router.replicas import ReplicaState
 
 __all__ = [
     "UNKNOWN",
+    "ModelPools",
     "Pool",
     "PoolStatus",
     "ServedModels",
@@ -126,23 +129,74 @@ class Pool:
 
 def select_pool(model: object, states: Sequence[ReplicaState]) -> Pool:
     """The replicas a request for ``model`` may go to (rules in the module docstring)."""
-    names = catalog(states)
-    if not names:
-        return Pool(PoolStatus.BLIND, tuple(states), UNKNOWN)
-    if not isinstance(model, str) or not model:
-        return Pool(PoolStatus.BLIND, tuple(s for s in states if s.models is not None), UNKNOWN)
-    if model not in names:
-        waiting = any(s.models is None and s.available for s in states)
-        if waiting and len(_bases(states)) > 1:
-            return Pool(PoolStatus.PENDING, (), UNKNOWN)
-        return Pool(PoolStatus.NOT_FOUND, (), UNKNOWN)
-    bases = _bases(states)
-    single = len(bases) == 1 and model in bases
-    members = tuple(s for s in states
-                    if (model in s.models if s.models is not None else single))
-    adapter = any(model in s.parents for s in members)
-    status = PoolStatus.OK if any(s.available for s in members) else PoolStatus.DOWN
-    return Pool(status, members, model, adapter)
+    return _Catalog(states).pool(model)
+
+
+class _Catalog:
+    """The model lists of one membership, and the pools computed from them (each pool's
+    members once per model; its status, which follows availability, per call)."""
+
+    __slots__ = ("_blind", "_known", "_pools", "bases", "names", "states")
+
+    def __init__(self, states: Sequence[ReplicaState]) -> None:
+        self.states = tuple(states)
+        self.names = catalog(self.states)
+        self.bases = _bases(self.states)
+        self._blind = Pool(PoolStatus.BLIND, self.states, UNKNOWN)  # model-blind: everyone
+        self._known: Pool | None = None  # BLIND over the replicas whose list is known
+        self._pools: dict[str, tuple[Pool, Pool]] = {}  # model in names -> (OK, DOWN)
+
+    def pool(self, model: object) -> Pool:
+        states = self.states
+        if not self.names:
+            return self._blind
+        if not isinstance(model, str) or not model:
+            if self._known is None:
+                self._known = Pool(PoolStatus.BLIND,
+                                   tuple(s for s in states if s.models is not None), UNKNOWN)
+            return self._known
+        if model not in self.names:
+            waiting = any(s.models is None and s.available for s in states)
+            if waiting and len(self.bases) > 1:
+                return Pool(PoolStatus.PENDING, (), UNKNOWN)
+            return Pool(PoolStatus.NOT_FOUND, (), UNKNOWN)
+        pools = self._pools.get(model)
+        if pools is None:
+            single = len(self.bases) == 1 and model in self.bases
+            members = tuple(s for s in states
+                            if (model in s.models if s.models is not None else single))
+            adapter = any(model in s.parents for s in members)
+            pools = self._pools[model] = (Pool(PoolStatus.OK, members, model, adapter),
+                                          Pool(PoolStatus.DOWN, members, model, adapter))
+        ok, down = pools
+        return ok if any(s.available for s in ok.members) else down
+
+
+class ModelPools:
+    """`select_pool`, remembering the catalog and each model's members while the membership
+    and every replica's model list stay the same objects.
+
+    Invariant: a replica's ``models`` and ``parents`` are replaced, never changed in place
+    (`router.health` and `router.replicas` assign new ones), so comparing them by identity is
+    exact; any change - a replica joined or left, a list learned or replaced - rebuilds the
+    catalog at the next call. Cost: O(N) identity checks per call plus the availability scan of
+    the pool; O(N x models) once per change."""
+
+    __slots__ = ("_catalog", "_seen")
+
+    def __init__(self) -> None:
+        self._catalog: _Catalog | None = None
+        self._seen: tuple[tuple[ReplicaState, object, object], ...] = ()
+
+    def select(self, model: object, states: Sequence[ReplicaState]) -> Pool:
+        cat = self._catalog
+        seen = self._seen
+        if cat is None or len(seen) != len(states) or any(
+                s is not s0 or s.models is not m0 or s.parents is not p0
+                for (s0, m0, p0), s in zip(seen, states, strict=True)):
+            cat = self._catalog = _Catalog(states)
+            self._seen = tuple((s, s.models, s.parents) for s in states)
+        return cat.pool(model)
 
 
 def _tier(r: ReplicaState, adapter: str) -> int:

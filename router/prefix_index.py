@@ -67,6 +67,10 @@ class PrefixIndex(Protocol):
         """New (uncached) tokens recently written for ``replica``: its eviction pressure."""
         ...
 
+    def used(self, replica: str) -> int:
+        """Tokens the index counts as cached on ``replica`` (its capacity at most)."""
+        ...
+
 
 def match_holders(holders: Mapping[int, Collection[str]], chunks: Chunks) -> dict[str, int]:
     """Replica -> tokens of its longest prefix of ``chunks``, given hash -> holders."""

@@ -80,15 +80,6 @@ ExactKeys = Callable[[str, Mapping[str, Any] | None, Pool | None], Chunks | None
 _EMA = 0.05  # weight of one request in the running mean of predicted prefill tokens
 
 
-def _first_turn(body: Mapping[str, Any] | None) -> bool:
-    """A chat request without assistant or tool turns: a conversation's first."""
-    messages = body.get("messages") if isinstance(body, Mapping) else None
-    if not isinstance(messages, list):
-        return False
-    return not any(isinstance(m, Mapping) and m.get("role") in ("assistant", "tool")
-                   for m in messages)
-
-
 def _streams(body: Mapping[str, Any] | None) -> bool:
     return isinstance(body, Mapping) and body.get("stream") is True
 
@@ -364,8 +355,9 @@ class Router:
                                 0.0 if recent is None else recent.count(r.name),
                                 0.0 if share is None else share.count(r.name))
                       for r in available]
-        first = _first_turn(body)
-        factor = self._first_factor if first else 1.0
+        first = key.first_turn
+        factor = (self._first_factor if first and self._first_factor != 1.0
+                  and not self._caches_full(available) else 1.0)
         decision = self.pipeline.pick(RequestView(key, prompt, cold_key is not None, factor,
                                                   first), candidates)
         if decision is None:
@@ -386,6 +378,21 @@ class Router:
                             routed.hold_behind(leader, r)
                             break
         return routed
+
+    def _caches_full(self, available: Sequence[ReplicaState]) -> bool:
+        """Whether the index counts the available replicas' caches (those with a scraped
+        capacity) as fuller than ``kv_high`` of it. Then a first turn's cold copy of its
+        preamble on another replica is not paid once: it evicts other content and is evicted in
+        turn, so the first-turn cache discount is off. O(N)."""
+        index, capacity = self.index, self._capacity
+        assert index is not None
+        used = total = 0
+        for r in available:
+            cap = capacity.get(r.name)
+            if cap:
+                total += cap
+                used += index.used(r.name)
+        return total > 0 and used >= self.settings.kv_high * total
 
     def _priced(self, replica: str, prefill: float) -> None:
         """An attempt was dispatched with this predicted prefill: the running mean that prices

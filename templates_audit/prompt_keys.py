@@ -15,6 +15,12 @@ does the three steps, each reusing earlier work:
    block_hashes`): the blocks a prompt shares with the cached encoding it was spliced from keep
    that encoding's hashes, so only the new blocks are hashed.
 
+A completions prompt is tokenised by vLLM *with* special tokens (``add_special_tokens=True``, a
+Llama-style tokenizer prepends BOS), a rendered chat prompt without (the template writes them):
+``text(..., add_special_tokens=True)`` puts the tokenizer's :meth:`.tokenize.HFTokenizer.
+special_tokens` around the plain encoding, and hashes that prompt's blocks whole (the ids are
+shifted against the cached encoding's blocks, so its hashes do not carry over).
+
 The hash chain is the project's (``hash((parent, hash(block)))``, the equality relation vLLM's
 has); vLLM's own function (sha256 of the CBOR-encoded parent, tokens and extra keys) is a
 different function of the same blocks — pass ``hasher`` to use another chain.
@@ -34,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from templates_audit.blocks import block_hashes
-from templates_audit.tokenize import Tokenizer, load_tokenizer
+from templates_audit.tokenize import EncodeError, Tokenizer, load_tokenizer
 
 if TYPE_CHECKING:
     from templates_audit.render import ChatRenderer
@@ -94,16 +100,31 @@ class PromptKeys:
     def chat(self, messages: Sequence[Mapping[str, Any]],
              tools: Sequence[Mapping[str, Any]] | None = None,
              template_vars: Mapping[str, Any] | None = None, *, salt: str | None = None,
-             add_generation_prompt: bool = True) -> BlockKeys:
+             add_generation_prompt: bool = True, add_special_tokens: bool = False) -> BlockKeys:
         """The keys of a chat request (raises ``render.TemplateError`` when the template
         refuses it, ``tokenize.EncodeError`` for text the tokenizer cannot encode).
-        ``template_vars``: extra template variables (a request's ``chat_template_kwargs``)."""
+        ``template_vars``: extra template variables (a request's ``chat_template_kwargs``);
+        ``add_special_tokens``: the request's (vLLM's chat default: False)."""
         text = self.renderer.render(messages, tools, add_generation_prompt,
                                     **(template_vars or {}))
-        return self.text(text, salt=salt)
+        return self.text(text, salt=salt, add_special_tokens=add_special_tokens)
 
-    def text(self, prompt: str, *, salt: str | None = None) -> BlockKeys:
-        """The keys of a prompt as text (a completions request, or a rendered chat)."""
+    def text(self, prompt: str, *, salt: str | None = None,
+             add_special_tokens: bool = False) -> BlockKeys:
+        """The keys of a prompt as text: a rendered chat, or a completions prompt (vLLM
+        encodes those with ``add_special_tokens=True``, its default for completions). Raises
+        ``tokenize.EncodeError`` when the tokenizer's special tokens cannot be reproduced."""
+        if add_special_tokens:
+            specials = getattr(self.tokenizer, "special_tokens", None)
+            found = specials() if specials is not None else ((), ())
+            if found is None:
+                raise EncodeError("the tokenizer's post-processor does more than add special "
+                                  "tokens around the text")
+            before, after = found
+            if before or after:
+                plain = self._encoded(prompt).ids if self._encoded is not None else \
+                    self.tokenizer.encode(prompt)
+                return self.ids([*before, *plain, *after], salt=salt)
         bs = self.block_size
         if self._encoded is not None:
             enc = self._encoded(prompt)

@@ -18,7 +18,9 @@ replica compute depends on the tokeniser. Two implementations share one small pr
 * :class:`HFTokenizer` — wraps ``tokenizers.Tokenizer.from_file`` (optional extra) for exact token
   and block boundaries of a real model; by default through :mod:`.incremental`, which reuses the
   tokens of a repeated prefix (a template's static part, a conversation's earlier turns) and
-  encodes only the rest, token-for-token as the library would.
+  encodes only the rest, token-for-token as the library would. Text is encoded without special
+  tokens (a rendered chat prompt, vLLM's chat path); :meth:`HFTokenizer.special_tokens` gives
+  the ids vLLM's tokenizer adds around a prompt encoded *with* them (its completions path).
 
 Cost: default tokeniser O(len(text)) on a cache miss (one regex pass), O(lines) on a hit: each
 line's ids are cached as one tuple ending in the newline token, so a text is a C-level extend per
@@ -331,6 +333,7 @@ class HFTokenizer:
         self.name = f"hf:{os.path.basename(os.path.dirname(os.path.abspath(file))) or file}"
         self.path = file
         self.add_special_tokens = add_special_tokens
+        self._specials: tuple[tuple[int, ...], tuple[int, ...]] | bool | None = False
         self.incremental: IncrementalEncoder | None = None
         if incremental:
             from templates_audit.incremental import DEFAULT_CACHE_TOKENS, IncrementalEncoder
@@ -338,6 +341,32 @@ class HFTokenizer:
             self.incremental = IncrementalEncoder(
                 self._tok, add_special_tokens=add_special_tokens,
                 cache_tokens=DEFAULT_CACHE_TOKENS if cache_tokens is None else cache_tokens)
+
+    def special_tokens(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """(before, after): the ids vLLM 0.32.0's tokenizer puts around a text it encodes with
+        ``add_special_tokens=True`` (a completions prompt: BOS for a Llama-style tokenizer);
+        None when the post-processor does more than add tokens around the text.
+
+        vLLM loads the tokenizer with transformers' ``AutoTokenizer`` (5.19 in its CPU build;
+        ``TokenizersBackend`` for a ``tokenizer.json``): it drops ``add_bos_token`` /
+        ``add_eos_token`` from ``tokenizer_config.json`` whenever a ``tokenizer.json`` exists
+        and keeps that file's post-processor as it is (none: nothing is added). So the ids are
+        those the file's post-processor adds, read off one probe encoding. Computed once."""
+        found = self._specials
+        if found is False:
+            # encodings that already carry them (add_special_tokens=True) get none added again
+            found = self._specials = ((), ()) if self.add_special_tokens else \
+                self._special_tokens()
+        return found  # type: ignore[return-value]
+
+    def _special_tokens(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        plain = list(self._tok.encode(_PROBE, add_special_tokens=False).ids)
+        full = list(self._tok.encode(_PROBE, add_special_tokens=True).ids)
+        n = len(plain)
+        for i in range(len(full) - n + 1):
+            if full[i:i + n] == plain:
+                return tuple(full[:i]), tuple(full[i + n:])
+        return None
 
     def _encode(self, text: str) -> Any:
         try:
@@ -398,6 +427,9 @@ class HFTokenizer:
                     return str(item.get("template"))
             return None
         return tmpl if isinstance(tmpl, str) else None
+
+
+_PROBE = "probe text 1"  # any text; special_tokens finds its plain encoding inside the full one
 
 
 def _encode_error(text: str, exc: Exception) -> EncodeError:

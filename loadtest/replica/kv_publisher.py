@@ -61,6 +61,7 @@ class ZmqPublisher:
         self.dropped = 0     # batches refused by a full queue
         self.replays = 0     # replay requests answered
         self.errors = 0      # batches that failed to encode or send
+        self._accepted = 0   # batches ``publish`` queued (the thread finishes each: sent or error)
         try:
             self._pub.set_hwm(config.hwm)
             if is_bind_endpoint(config.endpoint):
@@ -100,11 +101,19 @@ class ZmqPublisher:
         except queue.Full:
             self.dropped += 1
             return False
+        self._accepted += 1
         return True
 
     @property
     def queued(self) -> int:
         return self._queue.qsize()
+
+    @property
+    def unsent(self) -> int:
+        """Batches accepted by ``publish`` and not yet sent (or failed): the queued ones plus the
+        one the thread may hold between taking it off the queue and sending it. 0 together with
+        a subscriber at ``last_seq`` means that subscriber has every batch published so far."""
+        return self._accepted - self.published - self.errors
 
     @property
     def last_seq(self) -> int | None:
@@ -114,7 +123,7 @@ class ZmqPublisher:
     def stats(self) -> dict[str, Any]:
         return {"endpoint": self.endpoint, "replay_endpoint": self.replay_endpoint,
                 "topic": self.config.topic, "published": self.published, "dropped": self.dropped,
-                "queued": self.queued, "replays": self.replays, "errors": self.errors,
+                "queued": self.queued, "unsent": self.unsent, "replays": self.replays, "errors": self.errors,
                 "last_seq": self.last_seq, "buffered": len(self._buffer)}
 
     # -- the publisher thread ----------------------------------------------------------------

@@ -65,6 +65,9 @@ class Job(NamedTuple):
     template_kwargs: Mapping[str, Any] | None = None
     prompt_text: str | None = None
     prompt_ids: tuple[int, ...] | None = None
+    # as vLLM 0.32.0 tokenises a text prompt: chat without special tokens by default (the
+    # template writes them), completions with them (a Llama-style tokenizer prepends BOS)
+    add_special_tokens: bool = False
 
 
 def _common(body: Any, default_max_tokens: int) -> tuple[int, bool, bool]:
@@ -83,6 +86,13 @@ def _common(body: Any, default_max_tokens: int) -> tuple[int, bool, bool]:
     return max_tokens, stream, include_usage
 
 
+def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
+    value = body.get(key, default)
+    if type(value) is not bool:
+        raise ApiError(400, f"{key} must be a boolean, got {value!r}")
+    return value
+
+
 def parse_chat(body: Any, default_max_tokens: int) -> Job:
     max_tokens, stream, include_usage = _common(body, default_max_tokens)
     messages = body.get("messages")
@@ -95,7 +105,8 @@ def parse_chat(body: Any, default_max_tokens: int) -> Job:
     kwargs = body.get("chat_template_kwargs")
     return Job(Kind.CHAT, max_tokens, stream, include_usage, messages=tuple(messages),
                tools=tuple(tools) if tools else None,
-               template_kwargs=kwargs if isinstance(kwargs, dict) else None)
+               template_kwargs=kwargs if isinstance(kwargs, dict) else None,
+               add_special_tokens=_flag(body, "add_special_tokens", False))
 
 
 def parse_completion(body: Any, default_max_tokens: int) -> Job:
@@ -104,7 +115,8 @@ def parse_completion(body: Any, default_max_tokens: int) -> Job:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        return Job(Kind.COMPLETION, max_tokens, stream, include_usage, prompt_text=prompt)
+        return Job(Kind.COMPLETION, max_tokens, stream, include_usage, prompt_text=prompt,
+                   add_special_tokens=_flag(body, "add_special_tokens", True))
     if (isinstance(prompt, list) and prompt
             and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
         return Job(Kind.COMPLETION, max_tokens, stream, include_usage, prompt_ids=tuple(prompt))

@@ -1,7 +1,8 @@
 """From a parsed request to prompt token ids and block hashes, memoised per body and per prefix.
 
 Chat messages are rendered with the chat template and tokenised; completion prompts are
-tokenised as they are (or taken as token ids). The result — ids, chained full-block hashes and
+tokenised as they are (or taken as token ids); special tokens as vLLM adds them (completions
+text with the tokenizer's BOS/EOS, chat only when the request asks: ``Job.add_special_tokens``). The result — ids, chained full-block hashes and
 the deterministic reply (text and ids) — depends only on the request body, so an LRU keyed by a
 128-bit hash of the body skips rendering, tokenising and hashing when a body repeats (load
 generators replay bodies). Templates that read the clock (``strftime_now``) are never memoised.
@@ -163,10 +164,10 @@ class Prompter:
         keys = self._keys
         if job.kind is Kind.CHAT:
             return keys.chat(list(job.messages), list(job.tools) if job.tools else None,
-                             job.template_kwargs)
+                             job.template_kwargs, add_special_tokens=job.add_special_tokens)
         if job.prompt_ids is not None:
             return keys.ids(list(job.prompt_ids))
-        return keys.text(job.prompt_text or "")
+        return keys.text(job.prompt_text or "", add_special_tokens=job.add_special_tokens)
 
     # -- public --------------------------------------------------------------------------------
     def ids(self, job: Job) -> list[int]:

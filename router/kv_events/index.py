@@ -129,6 +129,14 @@ class PreciseIndex:
         r = self._replicas.get(replica)
         return 0 if r is None else len(r.engine)
 
+    def tokens(self, replica: str) -> int | None:
+        """Tokens in the blocks ``replica``'s engine holds; None unless its stream is live and
+        it reported a block size."""
+        r = self._replicas.get(replica)
+        if r is None or not r.live or not r.block_size:
+            return None
+        return len(r.engine) * r.block_size
+
     def engine_hashes(self, replica: str) -> set[Hashable]:
         r = self._replicas.get(replica)
         return set() if r is None else set(r.engine)
@@ -210,11 +218,14 @@ class PreciseIndex:
         self._link(replica, r, e.block_hashes, keys)
 
     def store(self, replica: str, engine_hashes: Iterable[Hashable],
-              keys: Iterable[int | None]) -> None:
-        """Blocks that entered ``replica``'s cache whose router keys the caller already knows
-        (``None``: unmatchable), as ``BlockStored`` would add them: for a source that computes
-        the router's chain itself (`loadtest.simulate`'s engines do)."""
-        self._link(replica, self._get(replica), list(engine_hashes), list(keys))
+              keys: Iterable[int | None], block_size: int = 0) -> None:
+        """Blocks of ``block_size`` tokens that entered ``replica``'s cache whose router keys
+        the caller already knows (``None``: unmatchable), as ``BlockStored`` would add them: for
+        a source that computes the router's chain itself (`loadtest.simulate`'s engines do)."""
+        r = self._get(replica)
+        if block_size and not r.block_size:
+            r.block_size = block_size
+        self._link(replica, r, list(engine_hashes), list(keys))
 
     def _link(self, replica: str, r: _Replica, hashes: Sequence[Hashable],
               keys: Sequence[int | None]) -> None:
@@ -368,3 +379,9 @@ class KvIndex:
 
     def inserted(self, replica: str) -> float:
         return self.approx.inserted(replica)
+
+    def used(self, replica: str) -> int:
+        """What the replica's engine holds, while its stream is live; else the approximate
+        index's estimate."""
+        tokens = self.precise.tokens(replica)
+        return self.approx.used(replica) if tokens is None else tokens

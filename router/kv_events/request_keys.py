@@ -2,7 +2,10 @@
 (the tokenizer's reuse cache); one instance per event loop.
 
 `RequestKeys.exact(path, body, adapter, block_size)` renders a chat request with the model's
-chat template and tokenises it exactly as vLLM does, through
+chat template and tokenises it exactly as vLLM does (special tokens as vLLM 0.32.0 adds them:
+a chat prompt with none unless the request sets ``add_special_tokens``, a completions prompt
+with the tokenizer's BOS/EOS unless it sets ``add_special_tokens: false``; token-id prompts as
+given), through
 `templates_audit.prompt_keys.PromptKeys` (the same renderer, tokenizer and block math the
 simulated replica uses; ``routing.tokenizer`` / ``routing.chat_template`` name the model's
 files), and returns the keys of the blocks vLLM could serve from its cache: the first
@@ -15,7 +18,9 @@ Requests whose prompt the router cannot reproduce exactly get ``None`` (the call
 the approximate index for them): a ``cache_salt`` (vLLM folds it into the first block's hash,
 which the events do not carry), content parts other than text (images and audio add
 placeholder tokens and their own hashes), ``continue_final_message``, several prompts in one
-completions request, and any render or encode error.
+completions request, ``truncate_prompt_tokens``, a non-boolean ``add_special_tokens``, and any
+render or encode error (a tokenizer whose post-processor does more than add tokens around the
+text among them).
 
 Cost: the render (linear in the prompt), the encode of the text that differs from a recently
 seen prompt (`templates_audit.incremental`, for a Hugging Face tokenizer; the default tokenizer
@@ -65,7 +70,8 @@ class RequestKeys:
               block_size: int) -> Chunks | None:
         """The request's cacheable block keys as `Chunks` (tokens: the end of each block; total:
         the prompt's tokens), or None when its prompt cannot be reproduced exactly."""
-        if body is None or block_size <= 0 or body.get("cache_salt") is not None:
+        if body is None or block_size <= 0 or body.get("cache_salt") is not None \
+                or body.get("truncate_prompt_tokens") is not None:
             return None
         keys = self._for(block_size)
         salt = lora_salt(adapter)
@@ -102,9 +108,13 @@ class RequestKeys:
         tools = body.get("tools")
         template_vars = body.get("chat_template_kwargs")
         add = body.get("add_generation_prompt", True)
+        specials = body.get("add_special_tokens", False)
+        if type(specials) is not bool:
+            return None
         found = keys.chat(messages, tools if isinstance(tools, list) and tools else None,
                           template_vars if isinstance(template_vars, Mapping) else None,
-                          salt=salt, add_generation_prompt=add is not False)
+                          salt=salt, add_generation_prompt=add is not False,
+                          add_special_tokens=specials)
         return found.ids, found.hashes
 
     @staticmethod
@@ -114,7 +124,10 @@ class RequestKeys:
         if isinstance(prompt, list) and len(prompt) == 1:
             prompt = prompt[0]
         if isinstance(prompt, str):
-            found = keys.text(prompt, salt=salt)
+            specials = body.get("add_special_tokens", True)
+            if type(specials) is not bool:
+                return None
+            found = keys.text(prompt, salt=salt, add_special_tokens=specials)
         elif isinstance(prompt, list) and prompt and all(
                 type(t) is int for t in prompt):
             found = keys.ids(prompt, salt=salt)

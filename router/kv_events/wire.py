@@ -215,6 +215,17 @@ def _str(value: Any, what: str) -> str | None:
     raise WireError(f"{what}: expected a string, got {type(value).__name__}")
 
 
+def _shared(f: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The fields ``BlockStored`` and ``BlockRemoved`` have in common, checked once."""
+    return {
+        "block_hashes": _hashes(f["block_hashes"], f"{kind}.block_hashes"),
+        "medium": _str(f.get("medium"), f"{kind}.medium"),
+        "group_idx": _int(f.get("group_idx"), f"{kind}.group_idx"),
+        "locality": _str(f.get("locality"), f"{kind}.locality"),
+        "ownership": _str(f.get("ownership"), f"{kind}.ownership"),
+    }
+
+
 def _stored(f: dict[str, Any]) -> BlockStored:
     token_ids = f["token_ids"]
     if type(token_ids) is not list or any(type(t) is not int for t in token_ids):
@@ -228,32 +239,22 @@ def _stored(f: dict[str, Any]) -> BlockStored:
     if extra_keys is not None and type(extra_keys) is not list:
         raise WireError("BlockStored.extra_keys: expected a list or nil")
     return BlockStored(
-        block_hashes=_hashes(f["block_hashes"], "BlockStored.block_hashes"),
         parent_block_hash=None if parent is None else _hash(parent, "BlockStored.parent_block_hash"),
         token_ids=token_ids,
         block_size=block_size,
         lora_id=_int(f.get("lora_id"), "BlockStored.lora_id"),
-        medium=_str(f.get("medium"), "BlockStored.medium"),
         lora_name=_str(f.get("lora_name"), "BlockStored.lora_name"),
         extra_keys=extra_keys,
-        group_idx=_int(f.get("group_idx"), "BlockStored.group_idx"),
         kv_cache_spec_kind=_str(f.get("kv_cache_spec_kind"), "BlockStored.kv_cache_spec_kind"),
         kv_cache_spec_sliding_window=_int(f.get("kv_cache_spec_sliding_window"),
                                           "BlockStored.kv_cache_spec_sliding_window"),
-        locality=_str(f.get("locality"), "BlockStored.locality"),
-        ownership=_str(f.get("ownership"), "BlockStored.ownership"),
         session_id=_str(f.get("session_id"), "BlockStored.session_id"),
+        **_shared(f, "BlockStored"),
     )
 
 
 def _removed(f: dict[str, Any]) -> BlockRemoved:
-    return BlockRemoved(
-        block_hashes=_hashes(f["block_hashes"], "BlockRemoved.block_hashes"),
-        medium=_str(f.get("medium"), "BlockRemoved.medium"),
-        group_idx=_int(f.get("group_idx"), "BlockRemoved.group_idx"),
-        locality=_str(f.get("locality"), "BlockRemoved.locality"),
-        ownership=_str(f.get("ownership"), "BlockRemoved.ownership"),
-    )
+    return BlockRemoved(**_shared(f, "BlockRemoved"))
 
 
 _KNOWN: dict[str, tuple[tuple[str, ...], frozenset[str], Callable[[dict[str, Any]], Event]]] = {

@@ -4,29 +4,46 @@ subscribed, real HTTP on loopback.
 After 2,000 mixed requests (multi-turn chats under shared system prompts, completions) against
 replicas whose caches are far smaller than the traffic's prefixes, so that evictions happen all
 the time, the router's index for each replica must equal the engine's set of cached blocks, and
-the cached tokens it predicted for each request must equal what the replica reported.
+the cached tokens it predicted for each request must equal what the replica reported (issue 21:
+in 99 %+ of requests, and everywhere within one block).
+
+One race is inherent, and the test measures around it rather than loosening the bound: a
+replica publishes a step's events on its publisher thread (as vLLM does) and answers on another
+channel, so a response can reach the router before the events of the step that produced it. A
+request the router routes in that window sees the index one batch behind: the batch may evict a
+block of its prefix (over-prediction, by as many blocks as follow the evicted one) or store the
+block the previous turn's decode filled (under-prediction by one block). Every request is
+classified from the replica's own batch timestamps (its replay buffer, after the run): *raced*
+when the served replica had stamped a batch the router had not applied when it decided. The 99 %
+holds over all requests; "within one block" over every request that did not race.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
+import zmq.asyncio
 
 from loadtest.fleet import Fleet
 from router.app import RouterApp, create_app
+from router.kv_events.replay import fetch
+from router.kv_events.wire import decode_batch
 from router.settings import Settings
 from router.usage import Usage
 from tests.conftest import ThreadedServer, wait_for
 
 BS = 16
 KV_BLOCKS = 160  # 2,560 tokens per replica: a few conversations' worth
-CFG = json.dumps({"enable_kv_cache_events": True, "topic": "kv",
+# the replay buffer holds every batch of a run (about 13 per request), for `stamps`
+CFG = json.dumps({"enable_kv_cache_events": True, "topic": "kv", "buffer_steps": 60_000,
                   "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0"})
 WORDS = ("cache block prefix replica router token event engine prompt batch stream "
          "queue evict shard model adapter").split()
@@ -65,6 +82,43 @@ class Recorded:
             inner(replica, predicted, usage)
 
         app.metrics.cached_tokens = hook  # type: ignore[method-assign]
+
+
+class Decisions:
+    """Per routed request: the wall-clock time of the decision and, per replica, the sequence
+    number of the last batch the router had applied (after its catch-up, right before the
+    index is matched), from the router's exact-keys hook."""
+
+    def __init__(self, app: RouterApp) -> None:
+        self.rows: list[tuple[float, dict[str, int | None]]] = []
+        inner = app.router.exact
+        assert inner is not None
+        feeds = app.kv.subscribers.feeds  # type: ignore[union-attr]
+
+        def exact(path: str, body: Any, pool: Any) -> Any:
+            found = inner(path, body, pool)
+            self.rows.append((time.time(), {n: f.last for n, f in feeds.items()}))
+            return found
+
+        app.router.exact = exact
+
+
+def stamps(fleet: Fleet, i: int, start: int) -> dict[int, float]:
+    """seq -> timestamp of every batch replica ``i`` published from ``start`` on (its replay
+    buffer: the replica's own record of when each step's events were made)."""
+
+    async def get() -> list[tuple[int, bytes]]:
+        ctx = zmq.asyncio.Context()
+        try:
+            endpoint = fleet.kv_replay_endpoints[i]
+            assert endpoint is not None
+            return await fetch(ctx, endpoint, start, 5.0)
+        finally:
+            ctx.destroy(linger=0)
+
+    got = asyncio.run(get())
+    assert got and got[0][0] == start, "the replay buffer no longer holds the whole run"
+    return {seq: decode_batch(payload).ts for seq, payload in got}
 
 
 def kv_blocks(fleet: Fleet, i: int) -> set[int]:
@@ -121,7 +175,7 @@ def caught_up(app: RouterApp, fleet: Fleet) -> Callable[[str], None]:
 
         def done() -> bool:
             kv = fleet.stats(index[name])["kv_events"]
-            return kv["queued"] == 0 and feed.last == kv["last_seq"]
+            return kv["unsent"] == 0 and feed.last == kv["last_seq"]
 
         wait_for(done, f"{name}'s events applied")
 
@@ -130,15 +184,19 @@ def caught_up(app: RouterApp, fleet: Fleet) -> Callable[[str], None]:
 
 @pytest.mark.parametrize("synced", [False, True])
 def test_index_equals_engine_and_prediction_equals_reported(fleet: Fleet, synced: bool) -> None:
-    """``synced``: each request is sent once the router applied the events of the previous
-    response (the index is then exactly the engine's at routing time: every prediction is
-    exact); otherwise back to back, as clients do."""
+    """Requests back to back, as one client sends them (no request is in flight while another
+    is routed, so nothing evicts between a decision and its prefill); ``synced``: each one sent
+    once the router applied every batch the replica published for the previous one (no request
+    can race, which the classification must confirm)."""
     app = create_app(settings_for(fleet))
     recorded = Recorded(app)
+    decisions = Decisions(app)
     srv = ThreadedServer(app).start()
     try:
+        feeds = app.kv.subscribers.feeds  # type: ignore[union-attr]
         wait_for(lambda: all(app.kv.precise.live(n) for n in fleet.names),  # type: ignore[union-attr]
                  "every replica's stream live")
+        start = {n: fleet.stats(i)["kv_events"]["published"] for i, n in enumerate(fleet.names)}
         run_traffic(srv.url, fleet.models[0][0], 2000, seed=7 + synced,
                     after=caught_up(app, fleet) if synced else None)
         precise = app.kv.precise  # type: ignore[union-attr]
@@ -146,26 +204,35 @@ def test_index_equals_engine_and_prediction_equals_reported(fleet: Fleet, synced
             wait_for(lambda i=i, name=name: precise.engine_hashes(name) == kv_blocks(fleet, i),
                      f"{name}'s index to equal its engine's cached blocks")
             assert len(precise.engine_hashes(name)) > KV_BLOCKS // 2
+            assert feeds[name].last is not None
         metrics = app.metrics.registry
         evicted = sum(metrics.get_sample_value("prefix_router_kv_events_total",
                                                {"replica": n, "type": "BlockRemoved"}) or 0
                       for n in fleet.names)
         assert evicted > 1000, "the caches were too large for evictions to matter"
+        ts = {n: stamps(fleet, i, start[n]) for i, n in enumerate(fleet.names)}
         rows = [r for r in recorded.rows if r[2] is not None]
-        assert len(rows) == 2000
-        exact = sum(1 for _, predicted, reported, _ in rows if predicted == reported)
-        close = sum(1 for _, predicted, reported, _ in rows if abs(predicted - reported) <= BS)
+        assert len(rows) == 2000 and len(decisions.rows) == 2000
         assert sum(reported for _, _, reported, _ in rows) > 0
+        exact = raced = 0
+        off: list[str] = []  # requests that did not race yet were more than a block off
+        for k, ((replica, predicted, reported, prompt), (when, applied)) in enumerate(
+                zip(rows, decisions.rows, strict=True)):
+            assert reported is not None
+            last = applied[replica]
+            pending = ts[replica].get(start[replica] if last is None else last + 1)
+            behind = pending is not None and pending <= when
+            raced += behind
+            exact += predicted == reported
+            if abs(predicted - reported) > BS and not behind:
+                off.append(f"#{k} on {replica}: predicted {predicted}, reported {reported} "
+                           f"of {prompt}")
+        summary = (f"{exact} of {len(rows)} predictions exact, {raced} routed while their "
+                   f"replica's last batch was in transit")
+        assert exact >= 0.99 * len(rows), summary
+        assert not off, f"{summary}; more than one block off without a race: {off}"
         if synced:
-            assert exact >= 0.99 * len(rows), f"{exact} of {len(rows)} predictions exact"
-            assert close == len(rows), f"{close} of {len(rows)} within one block"
-        else:
-            # A response can reach the router before the events of the step that produced it
-            # (the replica's publisher thread sends them, as vLLM's does): a request routed in
-            # between sees the index one step behind. On an idle machine 99.4 % are exact; the
-            # window widens when the machine is loaded, hence the looser bound here.
-            assert exact >= 0.97 * len(rows), f"{exact} of {len(rows)} predictions exact"
-            assert close >= 0.98 * len(rows), f"{close} of {len(rows)} within one block"
+            assert raced == 0, summary
     finally:
         srv.stop()
 

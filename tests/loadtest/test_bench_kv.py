@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadtest.bench_kv import BLOCK, SETUPS, SPLIT, render, verdicts
+from loadtest.bench_kv import BLOCK, SETUPS, SPLIT, cached_counters, render, verdicts
 from loadtest.compare import KV_EVENTS_CONFIG, FleetParams
 from loadtest.doc_blocks import blocks, keep_blocks
 from loadtest.setups import parse_setup
@@ -56,3 +56,15 @@ def test_render_simulated_block() -> None:
     assert SIM_BLOCK in blocks(text)
     assert "TTFT p90 0.40x (target <= 0.5), hit rate +10.0 points" in text
     assert "| cache_aware+kv | 60.0% | 0.97 | 200 | 400 | 800 | 1.10 |" in text
+
+
+def test_cached_counters_sum_over_labels_and_ignore_other_metrics() -> None:
+    text = "\n".join([
+        "# TYPE prefix_router_predicted_cached_tokens_total counter",
+        'prefix_router_predicted_cached_tokens_total{replica="r0"} 100.0',
+        'prefix_router_predicted_cached_tokens_total{replica="r1"} 28.0',
+        'prefix_router_reported_cached_tokens_total{replica="r0"} 64.0',
+        'prefix_router_requests_total{branch="home"} 7.0',
+    ])
+    assert cached_counters(text) == {"predicted": 128.0, "reported": 64.0}
+    assert cached_counters("") == {}

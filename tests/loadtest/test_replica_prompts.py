@@ -132,3 +132,33 @@ def test_with_a_tokenizer_file_turns_are_spliced_exactly_and_reuse_block_hashes(
         assert list(prompt.hashes) == block_hashes(expected, 16)
         msgs.append({"role": "assistant", "content": f"answer {turn}"})
     assert tok.incremental is not None and tok.incremental.stats["spliced"] == 3
+
+
+def test_special_tokens_as_vllm_adds_them_completions_yes_chat_on_request(tmp_path: Any) -> None:
+    import pytest
+
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer
+
+    from templates_audit.tokenize import HFTokenizer
+    from tests.templates_audit.tokenizer_families import llama3
+
+    path = tmp_path / "tokenizer.json"
+    path.write_text(llama3(), encoding="utf-8")  # post-processor "<s> $A"
+    lib = Tokenizer.from_file(str(path))
+    p = Prompter(ChatRenderer(), HFTokenizer(str(path)), 16)
+    text = "Rules: be brief. " * 30
+    cases = [  # (job, body digest, encoded with special tokens?)
+        (parse_completion({"prompt": text}, 4), b"c", True),  # vLLM's completions default
+        (parse_completion({"prompt": text, "add_special_tokens": False}, 4), b"c-off", False),
+        (parse_chat({"messages": [{"role": "user", "content": text}]}, 4), b"chat", False),
+        (parse_chat({"messages": [{"role": "user", "content": text}],
+                     "add_special_tokens": True}, 4), b"chat-on", True),
+    ]
+    for job, digest, specials in cases:
+        source = text if job.prompt_text is not None else ChatRenderer().render(job.messages)
+        want = list(lib.encode(source, add_special_tokens=specials).ids)
+        got = p.prompt(job, digest)
+        assert list(got.ids) == want, digest
+        assert list(got.hashes) == block_hashes(want, 16), digest
+    assert lib.encode(text, add_special_tokens=True).ids[0] == lib.token_to_id("<s>")

@@ -368,3 +368,23 @@ STICKY_CASES = [
 def test_sticky_flag(headers: dict[str, str], body: dict[str, Any], sticky: bool) -> None:
     path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
     assert derive(path, headers, body).sticky is sticky
+
+
+# (path, headers, body, expected first_turn) — a chat body without assistant or tool turns
+# fmt: off
+FIRST_TURN_CASES = [
+    ("/v1/chat/completions", {}, {"model": "m", "messages": [{"role": "system", "content": "S" * 100}, {"role": "user", "content": "hi"}]}, True),  # system + user: a first turn
+    ("/v1/chat/completions", {}, {"model": "m", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "more"}]}, False),  # history: a later turn
+    ("/v1/chat/completions", {}, {"model": "m", "messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "{}"}]}, False),  # a tool turn is history too
+    ("/v1/chat/completions", {"X-Prefix-Hash": "k"}, {"model": "m", "messages": [{"role": "user", "content": "hi"}]}, True),  # an override key still reports the turn
+    ("/v1/chat/completions", {}, {"model": "m", "messages": []}, True),  # empty list: nothing to continue
+    ("/v1/chat/completions", {}, {"model": "m", "messages": "hi"}, False),  # not a list: not a chat turn
+    ("/v1/completions", {}, {"model": "m", "prompt": "P" * 200}, False),  # no messages at all
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(("path", "headers", "body", "first"), FIRST_TURN_CASES)
+def test_first_turn_flag(path: str, headers: dict[str, str], body: dict[str, Any],
+                         first: bool) -> None:
+    assert derive(path, headers, body).first_turn is first

@@ -9,6 +9,7 @@ import pytest
 from router.health import parse_lora_info
 from router.models import (
     UNKNOWN,
+    ModelPools,
     PoolStatus,
     lora_affinity,
     select_pool,
@@ -62,6 +63,36 @@ def test_select_pool(states: list[ReplicaState], model: Any, status: PoolStatus,
 
 def test_an_adapter_pool_is_marked() -> None:
     assert select_pool("sql", FLEET).adapter and not select_pool("llama", FLEET).adapter
+
+
+@pytest.mark.parametrize("model", ["llama", "sql", "qwen", "mistral", None, 7])
+def test_model_pools_answer_as_select_pool(model: Any) -> None:
+    pools = ModelPools()
+    for _ in range(2):  # the second answer comes from the remembered catalog
+        assert pools.select(model, FLEET) == select_pool(model, FLEET)
+
+
+def members(pools: ModelPools, model: str, states: list[ReplicaState]) -> tuple[str, list[str]]:
+    pool = pools.select(model, states)
+    return pool.status.value, [s.name for s in pool.members]
+
+
+def test_model_pools_follow_every_change() -> None:
+    a, b = rep("a", "llama"), rep("b", "qwen")
+    fleet = [a, b]
+    pools = ModelPools()
+    assert members(pools, "llama", fleet) == ("ok", ["a"])
+    b.models = frozenset({"qwen", "llama"})  # a list learned again: b now serves llama too
+    assert members(pools, "llama", fleet) == ("ok", ["a", "b"])
+    a.healthy = b.healthy = False  # availability is read per call, not remembered
+    assert members(pools, "llama", fleet) == ("down", ["a", "b"])
+    a.healthy = True
+    c = rep("c", "mistral")
+    assert members(pools, "mistral", [*fleet, c]) == ("ok", ["c"])  # a replica joined
+    assert members(pools, "mistral", fleet)[0] == "not_found"  # ... and left again
+    b.parents = {"llama": "qwen"}  # llama became an adapter of qwen on b
+    assert pools.select("llama", fleet).adapter
+    assert members(pools, "llama", [b, a]) == ("ok", ["b", "a"])  # same replicas, new order
 
 
 BOUND = LoadBound(1.25, 0)

@@ -80,7 +80,7 @@ PINNED: dict[str, list[str]] = {
         "TTFB_BUCKETS"
     ],
     "router.models": [
-        "Pool", "PoolStatus", "ServedModels", "UNKNOWN", "catalog", "lora_affinity",
+        "ModelPools", "Pool", "PoolStatus", "ServedModels", "UNKNOWN", "catalog", "lora_affinity",
         "select_pool", "served_models"
     ],
     "router.nginx_config": [

@@ -136,6 +136,25 @@ def test_first_turns_weigh_the_cached_preamble_less_than_later_turns() -> None:
     assert (later.decision.replica, later.decision.branch) == (holder.name, Branch.CACHE_HIT)
 
 
+def test_first_turns_keep_the_full_cache_weight_once_the_caches_are_full() -> None:
+    # the test above, but the holder's scraped capacity is what its index holds: a copy of the
+    # preamble elsewhere would evict other content there, so the first turn stays on its cache
+    r = router()
+    warm = r.route(CHAT, {}, body("q0"), 1)
+    assert warm is not None and r.index is not None
+    holder = r.replicas.get(warm.decision.replica)
+    assert holder is not None
+    answer(warm, holder)
+    holder.kv_capacity = r.index.used(holder.name)  # the only capacity known: full
+    holder.pending_prefill = 3 * warm.prompt_tokens
+    first = r.route(CHAT, {}, body("new conversation"), 2)
+    assert first is not None
+    assert (first.decision.replica, first.decision.branch) == (holder.name, Branch.CACHE_HIT)
+    holder.kv_capacity = 4 * r.index.used(holder.name)  # room again: the discount is back
+    again = r.route(CHAT, {}, body("another conversation"), 3)
+    assert again is not None and again.decision.replica != holder.name
+
+
 def started(r: Router, routed: Routed) -> ReplicaState:
     state = r.replicas.get(routed.decision.replica)
     assert state is not None
