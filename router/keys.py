@@ -43,7 +43,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import xxhash
 
@@ -85,8 +85,7 @@ class KeySource(StrEnum):
     NONE = "none"
 
 
-@dataclass(frozen=True)
-class RoutingKey:
+class RoutingKey(NamedTuple):  # per request: a third of a frozen dataclass's cost
     prefix: str | None
     conversation: str | None
     source: KeySource
