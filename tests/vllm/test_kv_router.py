@@ -5,7 +5,8 @@ Issue 21's target, on real vLLM: predicted == reported in 99 %+ of requests, and
 within a block (32 tokens here: the CPU backend's block size). Requests go through the router
 one at a time; before each the test waits until the router applied every batch the serving
 replica published (its replay endpoint has nothing past the router's last sequence number), so
-the index is the replica's at routing time (the one race, a response overtaking its step's
+the index is the replica's at routing time, and speculative entries are off, so every
+prediction comes from the events alone (the one race, a response overtaking its step's
 events, is measured in tests/integration/test_kv_events_e2e.py). Traffic, each run with a fresh
 marker so nothing of it is cached before:
 
@@ -49,7 +50,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 MODEL = "tiny-llama"
 
 
-def settings_for(fleet: VllmFleet) -> Settings:
+def settings_for(fleet: VllmFleet, speculative_ttl: float = 2.0) -> Settings:
     model = fleet.env.model_dir
     template = model / "chat_template.jinja"
     return Settings.from_dict({
@@ -58,7 +59,8 @@ def settings_for(fleet: VllmFleet) -> Settings:
                                            fleet.kv_replay_endpoints, strict=True)],
         "routing": {"policy": "cache_aware", "tokenizer": str(model / "tokenizer.json"),
                     "chat_template": str(template) if template.is_file() else None,
-                    "kv_events": {"enabled": True, "topic": "kv"}},
+                    "kv_events": {"enabled": True, "topic": "kv",
+                                  "speculative_ttl": speculative_ttl}},
         "health": {"interval": 0.5, "timeout": 2.0},
         "scrape": {"interval": 0.2},
         "proxy": {"first_byte_timeout": 120.0},
@@ -106,7 +108,9 @@ def test_router_predicts_vllms_cached_tokens_from_its_events(
 
     lib = Tokenizer.from_file(str(fleet.env.model_dir / "tokenizer.json"))
     assert (lib.encode("a b", add_special_tokens=True).ids[0] == 0) == (model == "bos")
-    app = create_app(settings_for(fleet))
+    # no speculative entries: every prediction comes from the events alone (a served request's
+    # own keys, speculated, would match a next request keyed the same wrong way)
+    app = create_app(settings_for(fleet, speculative_ttl=0))
     rows: list[tuple[str, str, int, int | None]] = []  # (kind, replica, predicted, reported)
     kind = ["chat"]
     inner = app.metrics.cached_tokens
