@@ -69,7 +69,7 @@ SPLIT = ("router-cache_aware-x1+kv", "router-cache_aware-x2+kv", "router-cache_a
 # groups and ~12.5 prefixes of KV capacity per replica (4,700 blocks of 16 tokens), so the
 # prefixes total ~1.5x the fleet's capacity; the rate is near what the fleet can prefill
 CACHE_PRESSURE = BenchWorkload(
-    "cache-pressure", 300, 6.0, FleetParams(kv_blocks=4700, kv_events=True),
+    "cache-pressure", 240, 6.0, FleetParams(kv_blocks=4700, kv_events=True),
     {"prompts": 75, "min_prompt_tokens": 5000, "max_prompt_tokens": 7000, "zipf_s": 0.0,
      "user_tokens": 1200, "max_tokens": 128})
 OTHERS = ("shared-prefix", "multi-turn", "rag")

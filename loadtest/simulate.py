@@ -78,6 +78,10 @@ class SimConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     prompt_affinity: bool = True  # routing.prompt_affinity (accepted, no effect)
+    # router processes, each with its own replica states, in-flight requests and indexes (the
+    # precise ones fed by the same engines); arrivals split round-robin between them, as
+    # `loadtest.splitter` does
+    routers: int = 1
     timing: TimingModel = field(default_factory=TimingModel)
     routing: dict[str, Any] = field(default_factory=dict)  # further routing.* settings
 
@@ -144,25 +148,30 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
                           max_model_len=1 << 30)
     clock = [0.0]  # the virtual clock every engine reads arrival times from
     engines = {n: Engine(limits, config.timing, clock=lambda: clock[0]) for n in names}
-    rset = ReplicaSet(ring_kind=config.ring)
     from router.discovery.base import Endpoint
 
-    rset.update_membership([Endpoint(name=n, url=f"sim://{n}") for n in names])
-    # the app's routing entry point, one process (or the model of sglang-router's policy)
-    router: Router | SglangModel
     current: list[SimRequest] = []  # the arrival being routed (precise routing's keys)
-    if config.policy == SGLANG_MODEL:
-        router = SglangModel(rset)
-        hold_timeout = 0.0
-    elif config.policy == PRECISE:
-        router = _precise_router(config, rset, engines, current, lambda: clock[0])
-        hold_timeout = router.settings.hold_timeout
-    else:
-        router = Router(config.routing_settings(), rset)
-        hold_timeout = router.settings.hold_timeout
+    # the app's routing entry point per router process (or the model of sglang-router's policy)
+    routers: list[Router | SglangModel] = []
+    all_states: list[dict[str, ReplicaState]] = []
+    hold_timeout = 0.0
+    for _ in range(max(1, config.routers)):
+        rset = ReplicaSet(ring_kind=config.ring)
+        rset.update_membership([Endpoint(name=n, url=f"sim://{n}") for n in names])
+        router: Router | SglangModel
+        if config.policy == SGLANG_MODEL:
+            router = SglangModel(rset)
+        elif config.policy == PRECISE:
+            router = _precise_router(config, rset, engines, current, lambda: clock[0])
+            hold_timeout = router.settings.hold_timeout
+        else:
+            router = Router(config.routing_settings(), rset)
+            hold_timeout = router.settings.hold_timeout
+        routers.append(router)
+        all_states.append({s.name: s for s in rset.states()})
     why = _Attribution()
     capacity = (config.kv_blocks or 0) * config.block_size  # what cache_config_info reports
-    states: dict[str, ReplicaState] = {s.name: s for s in rset.states()}
+    by_rid: dict[int, dict[str, ReplicaState]] = {}  # the states of the router that routed it
 
     heap: list[tuple[float, int, str, Any]] = []
     order = itertools.count()
@@ -178,6 +187,7 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
     seq_counter = itertools.count()
     rids = itertools.count()
     pending: dict[int, tuple[SimRequest, Routed, float]] = {}  # routed, not dispatched yet
+    arrived_n = itertools.count()
     holds = 0
     rejected = 0
     now = 0.0
@@ -202,6 +212,8 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
         clock[0] = now
         if kind == "arrive":
             req: SimRequest = payload
+            which = next(arrived_n) % len(routers)
+            router, states = routers[which], all_states[which]
             for n in names:  # a fresh scrape of every replica
                 e, st = engines[n], states[n]
                 st.running, st.waiting = len(e.running), len(e.waiting)
@@ -216,6 +228,7 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
             per_replica[decision.replica] += 1
             rid = next(rids)
             pending[rid] = (req, r_, now)
+            by_rid[rid] = states
             leader = r_.leader
             if leader is not None and leader.when_answered(partial(dispatch_now, rid)):
                 # held until the leader answers (the app's `_hold`), at most hold_timeout
@@ -228,6 +241,7 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
             if rid not in pending:
                 continue  # already dispatched (its leader answered before the timeout)
             req, r_, arrived = pending.pop(rid)
+            states = by_rid[rid]
             name = r_.decision.replica
             eng = engines[name]
             try:
@@ -249,6 +263,7 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
             engines[name].apply(plan, now)
             for seq, _n in plan.chunks:
                 rid = int(seq.req.request_id)
+                states = by_rid[rid]
                 if seq.generated >= 1 and rid not in first:
                     first[rid] = now
                     why.answered(rid, seq.cached_tokens)
@@ -302,9 +317,20 @@ def _precise_router(config: SimConfig, rset: ReplicaSet, engines: dict[str, Engi
     bs = config.block_size
     for name, eng in engines.items():
         precise.set_live(name, True)
-        eng.cache.on_store = lambda hashes, name=name: precise.store(name, hashes, hashes, bs)
-        eng.cache.on_evict = lambda hashes, name=name: precise.apply(
-            name, BlockRemoved(block_hashes=list(hashes)))
+        # chained: every router process's index hears every engine
+        stored, evicted = eng.cache.on_store, eng.cache.on_evict
+
+        def on_store(hashes: Any, name: str = name, then: Any = stored) -> None:
+            if then is not None:
+                then(hashes)
+            precise.store(name, hashes, hashes, bs)
+
+        def on_evict(hashes: Any, name: str = name, then: Any = evicted) -> None:
+            if then is not None:
+                then(hashes)
+            precise.apply(name, BlockRemoved(block_hashes=list(hashes)))
+
+        eng.cache.on_store, eng.cache.on_evict = on_store, on_evict
 
     def exact(path: str, body: Any, pool: Any) -> Chunks:
         req = current[0]
@@ -517,6 +543,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prompt-affinity", dest="prompt_affinity", action="store_false",
                    help="routing.prompt_affinity: false (accepted; no effect since the "
                         "cache_aware policy replaced the affinities)")
+    p.add_argument("--routers", type=int, default=1,
+                   help="router processes, arrivals split round-robin between them (each its "
+                        "own load view and indexes)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-blocks", type=int, default=8192)
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -550,10 +579,11 @@ def main(args: argparse.Namespace) -> int:
             print(f"prefix-loadtest simulate: bad trace line {exc}", file=sys.stderr)
             return 2
     base = SimConfig(replicas=args.replicas, block_size=args.block_size, kv_blocks=args.kv_blocks,
-                     max_num_seqs=args.max_num_seqs)
+                     max_num_seqs=args.max_num_seqs, routers=args.routers)
     if args.bench_cell:
         try:
             reqs, base = bench_cell(args.bench_cell, args.replicas, args.seed)
+            base = replace(base, routers=args.routers)
         except ValueError as exc:
             print(f"prefix-loadtest simulate: {exc}", file=sys.stderr)
             return 2

@@ -97,6 +97,9 @@ class DistinctKeys:
         return raw
 
 
+_Row = tuple[Gauge, Counter, "Histogram | None", Histogram]
+
+
 class RouterMetrics:
     def __init__(self) -> None:
         self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
@@ -178,7 +181,9 @@ class RouterMetrics:
         self._keys = DistinctKeys()
         self._keys_refreshed = 0.0
         self._known: set[str] = set()
-        self._req: dict[tuple[str, str, int, str], Counter] = {}
+        # (replica, branch, status, model) -> in-flight gauge, request counter, TTFB and
+        # duration histograms of one finished attempt
+        self._req: dict[tuple[str, str, int, str], _Row] = {}
         self._inflight: dict[str, Gauge] = {}
         self._ttfb: dict[tuple[str, str], Histogram] = {}
         self._dur: dict[str, Histogram] = {}
@@ -193,22 +198,35 @@ class RouterMetrics:
 
     def finished(self, replica: str, branch: str, status: int, ttfb: float | None,
                  duration: float, model: str = "unknown") -> None:
-        self._inflight[replica].dec()
         key = (replica, branch, status, model)
-        c = self._req.get(key)
-        if c is None:
-            c = self._req[key] = self.requests.labels(replica, branch, str(status), model)
-        c.inc()
+        row = self._req.get(key)
+        if row is None:
+            row = self._req[key] = self._row(key)
+        gauge, count, first_byte, dur = row
+        gauge.dec()
+        count.inc()
         if ttfb is not None:
-            hk = (replica, model)
-            h = self._ttfb.get(hk)
-            if h is None:
-                h = self._ttfb[hk] = self.ttfb.labels(replica, model)
-            h.observe(ttfb)
+            if first_byte is None:  # created on the first observation, as the series appears
+                first_byte = self._ttfb_child(replica, model)
+                self._req[key] = (gauge, count, first_byte, dur)
+            first_byte.observe(ttfb)
+        dur.observe(duration)
+
+    def _row(self, key: tuple[str, str, int, str]) -> _Row:
+        """The children one finished attempt with these labels updates (one lookup per
+        attempt); the time-to-first-byte child only once that series exists."""
+        replica, branch, status, model = key
         d = self._dur.get(replica)
         if d is None:
             d = self._dur[replica] = self.duration.labels(replica)
-        d.observe(duration)
+        return (self._inflight[replica], self.requests.labels(replica, branch, str(status), model),
+                self._ttfb.get((replica, model)), d)
+
+    def _ttfb_child(self, replica: str, model: str) -> Histogram:
+        h = self._ttfb.get((replica, model))
+        if h is None:
+            h = self._ttfb[(replica, model)] = self.ttfb.labels(replica, model)
+        return h
 
     def cached_tokens(self, replica: str, predicted: int, usage: Usage | None) -> None:
         """One served request: the cached tokens predicted for ``replica`` and, when its

@@ -173,8 +173,9 @@ class _Catalog:
 
 
 class ModelPools:
-    """`select_pool`, remembering the catalog and each model's members while the membership
-    and every replica's model list stay the same objects.
+    """`select_pool`, remembering the catalog and each model's members while the states
+    sequence (`router.replicas.ReplicaSet.states`: replaced on every membership change) and
+    every replica's model list stay the same objects.
 
     Invariant: a replica's ``models`` and ``parents`` are replaced, never changed in place
     (`router.health` and `router.replicas` assign new ones), so comparing them by identity is
@@ -182,21 +183,31 @@ class ModelPools:
     catalog at the next call. Cost: O(N) identity checks per call plus the availability scan of
     the pool; O(N x models) once per change."""
 
-    __slots__ = ("_catalog", "_seen")
+    __slots__ = ("_catalog", "_seen", "_states")
 
     def __init__(self) -> None:
         self._catalog: _Catalog | None = None
+        self._states: Sequence[ReplicaState] | None = None  # the sequence it was built from
         self._seen: tuple[tuple[ReplicaState, object, object], ...] = ()
 
     def select(self, model: object, states: Sequence[ReplicaState]) -> Pool:
         cat = self._catalog
-        seen = self._seen
-        if cat is None or len(seen) != len(states) or any(
-                s is not s0 or s.models is not m0 or s.parents is not p0
-                for (s0, m0, p0), s in zip(seen, states, strict=True)):
-            cat = self._catalog = _Catalog(states)
-            self._seen = tuple((s, s.models, s.parents) for s in states)
+        if (cat is None or states is not self._states or len(states) != len(self._seen)
+                or not self._unchanged()):
+            cat = self._rebuild(states)
         return cat.pool(model)
+
+    def _unchanged(self) -> bool:
+        for s, models, parents in self._seen:
+            if s.models is not models or s.parents is not parents:
+                return False
+        return True
+
+    def _rebuild(self, states: Sequence[ReplicaState]) -> _Catalog:
+        cat = self._catalog = _Catalog(states)
+        self._states = states
+        self._seen = tuple((s, s.models, s.parents) for s in cat.states)
+        return cat
 
 
 def _tier(r: ReplicaState, adapter: str) -> int:

@@ -7,8 +7,11 @@ for this request, the work already queued on it, its rank on the key's ring walk
 1. **Filters** (`Filter`: candidates -> candidates, in order). `bounded_load` keeps the
    replicas under the bounded-load cap of `router.policy.LoadBound` (requests in flight,
    ``load_factor`` x the average, never below ``cache_load_floor``: the cost model moves load
-   long before that; the cap is the safety net). Further filters (a model or LoRA
-   pool) plug in the same way. Nothing left -> the least loaded available replica, branch
+   long before that; the cap is the safety net). `recent_load` spreads new conversations
+   over a short window of first turns; `request_share` keeps each replica's share of the
+   whole run's requests near its fair share by admitting new work only where it is under
+   share, while follow-ups keep their history. Further filters (a model or LoRA pool) plug
+   in the same way. Nothing left -> the least loaded available replica, branch
    ``fallback``.
 2. **Scorers** (`Scorer`: pure, returns [0, 1]) on a common scale ``T = prompt tokens + the
    largest queued work among the candidates``, so that cache and load are measured in the same
@@ -70,6 +73,7 @@ __all__ = [
     "load_score",
     "queued_work",
     "recent_load",
+    "request_share",
 ]
 
 
@@ -87,6 +91,7 @@ class Candidate(NamedTuple):
     queued: float  # work already queued on the replica, in prefill tokens (`queued_work`)
     rank: int  # position on the key's ring walk (0 = home); the fleet size when keyless
     recent: float = 0.0  # requests recently sent to the replica (`routing.RecentLoad`)
+    share: float = 0.0  # requests sent to the replica over the long window (`request_share`)
 
     @property
     def name(self) -> str:
@@ -155,6 +160,45 @@ def recent_load(factor: float, first_turns: bool = False) -> Filter:
     return keep
 
 
+def request_share(factor: float, slack: float) -> Filter:
+    """Admission of new work by long-run request share; follow-ups stay with their history.
+
+    ``share`` counts every request dispatched to each replica, follow-ups included, over a
+    long window (`router.routing.RecentLoad`, ``routing.share_window`` x N requests), so it
+    tracks the share each replica takes of the whole run, which is what max/mean requests per
+    replica measures. A replica is *under share* while ``share + 1 <= factor x (total + 1) x
+    weight / total weight + slack`` (``slack``: requests of headroom, so small counts at the
+    start of a run never bind). A chat first turn - a new conversation, the only moment it can
+    move for free - is kept to the replicas under share, so it goes to the best cache among
+    them: a hot preamble is copied onto a few more replicas instead of piling onto its holder.
+    Any other request keeps every replica holding its longest cached prefix (moving it costs
+    its whole history) and may otherwise only go to a replica under share, so a load spill
+    never lands on a replica already ahead. A request with nothing cached anywhere keeps every
+    replica: cold placement stays the ring's (``ring: nginx`` parity; router processes with
+    different counts still agree). None kept -> all (the filter never empties the set).
+
+    Invariant: a replica over share receives only cold requests and requests whose longest
+    cached prefix it holds (or anything, when every replica is over share). Cost: O(N).
+    """
+
+    def keep(req: RequestView, candidates: list[Candidate]) -> list[Candidate]:
+        total = 1.0
+        weight = 0
+        for c in candidates:
+            total += c.share
+            weight += c.state.weight
+        top = max(c.cached for c in candidates)
+        if top <= 0:  # cold: placed by the ring, as nginx and every other router would
+            return candidates
+        fair = factor * total / weight
+        sticky = not req.first_turn
+        kept = [c for c in candidates if (sticky and c.cached == top)
+                or c.share + 1 <= fair * c.state.weight + slack]
+        return kept or candidates
+
+    return keep
+
+
 def queued_work(r: ReplicaState, prompt_tokens: int, decode_tokens: float, mean_prefill: float,
                 kv_high: float) -> float:
     """Prefill-token cost of the work waiting on ``r`` before a new request (module docstring)."""
@@ -178,6 +222,7 @@ class Pipeline:
         self.filters = tuple(filters)
         self.scorers = tuple((s, w) for s, w in scorers if w > 0)
         self.min_match_tokens = min_match_tokens
+        self._floor = max(1, min_match_tokens)  # the least a cache_hit holds
 
     def pick(self, req: RequestView, candidates: list[Candidate]) -> Decision | None:
         if not candidates:
@@ -189,7 +234,7 @@ class Pipeline:
         if not kept:
             ranked = sorted(candidates, key=lambda c: (c.state.load() / c.state.weight, c.rank))
             return _decision(ranked, Branch.FALLBACK, candidates)
-        scale = float(req.prompt_tokens) + max(c.queued for c in kept)
+        scale = float(req.prompt_tokens) + max([c.queued for c in kept])
         if scale <= 0:
             scale = 1.0
         scorers = self.scorers
@@ -200,11 +245,11 @@ class Pipeline:
                 value += weight * scorer(req, c, scale, fleet)
             scored.append((value, -c.rank, -i))
         # over every candidate: a filtered-out replica holding more makes the pick a spill
-        top_cached = max(c.cached for c in candidates)
+        top_cached = max([c.cached for c in candidates])
         order = sorted(range(len(kept)), key=scored.__getitem__, reverse=True)
         ranked = [kept[i] for i in order]
         best = ranked[0]
-        floor = max(1, self.min_match_tokens)
+        floor = self._floor
         if best.cached >= floor and best.cached >= top_cached:
             branch = Branch.CACHE_HIT
         elif best.rank == 0 and req.placed:

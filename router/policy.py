@@ -60,7 +60,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import xxhash
 
@@ -98,8 +98,7 @@ class Branch(StrEnum):
     LORA_AFFINITY = "lora_affinity"  # router.models.lora_affinity moved it to its adapter
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):  # per request: half of a frozen dataclass's cost
     replica: str
     branch: Branch
     candidates: tuple[str, ...]  # candidates[0] == replica; then the retry order

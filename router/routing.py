@@ -64,6 +64,7 @@ from router.pipeline import (
     load_score,
     queued_work,
     recent_load,
+    request_share,
 )
 from router.policy import Decision, LoadBound, Policy, make_policy
 from router.prefix_index import ApproxIndex, InFlight, PrefixIndex
@@ -97,9 +98,11 @@ class RecentLoad:
     Exponentially decayed: each dispatch multiplies every count by ``1 - 1/window`` and adds 1
     to its replica's (done lazily: the increment grows instead, and all counts are rescaled
     when it gets large), so the counts sum to at most ``window`` and ``count(r)`` is, in units
-    of one request now, how many of the recent ones went to ``r``. The router passes
-    ``routing.rate_window`` x the available replicas, so the window follows the fleet size. Written on dispatch (an
-    attempt started: `Routed.started`), read by `router.pipeline.recent_load`. Cost: O(1) per
+    of one request now, how many of the recent ones went to ``r``. The router keeps two: the
+    first turns over ``routing.rate_window`` x the available replicas (read by
+    `router.pipeline.recent_load`) and every request over ``routing.share_window`` x the
+    available replicas (read by `router.pipeline.request_share`), so each window follows the
+    fleet size. Written on dispatch (an attempt started: `Routed.started`). Cost: O(1) per
     dispatch and per read, O(replicas) once every few thousand dispatches.
     """
 
@@ -261,6 +264,7 @@ class Router:
         self.policy: Policy | None = None
         self.pipeline: Pipeline | None = None
         self.recent: RecentLoad | None = None
+        self.share: RecentLoad | None = None
         self.index: PrefixIndex | None = None
         if settings.policy == "cache_aware":
             self.index = index or ApproxIndex(settings.kv_capacity_tokens,
@@ -269,6 +273,9 @@ class Router:
             if settings.rate_factor:
                 self.recent = RecentLoad()
                 filters.append(recent_load(settings.rate_factor, settings.rate_first_turns))
+            if settings.share_factor:
+                self.share = RecentLoad()
+                filters.append(request_share(settings.share_factor, settings.share_slack))
             self.pipeline = Pipeline(
                 filters,
                 [(cache_score, settings.cache_weight), (load_score, settings.load_weight),
@@ -341,10 +348,12 @@ class Router:
             rank = {n: i for i, n in enumerate(walk)}
         mean = self._mean_prefill
         recent = self.recent
+        share = self.share
         candidates = [Candidate(r, scored.get(r.name, 0),
                                 queued_work(r, prompt, s.decode_tokens, mean, s.kv_high),
                                 rank.get(r.name, fleet),
-                                0.0 if recent is None else recent.count(r.name))
+                                0.0 if recent is None else recent.count(r.name),
+                                0.0 if share is None else share.count(r.name))
                       for r in available]
         first = key.first_turn
         factor = (self._first_factor if first and self._first_factor != 1.0
@@ -355,7 +364,7 @@ class Router:
             return None
         decision = self._lora(pool, decision, states)
         routed = Routed(key, decision, chunks, cached, self.index, tap, in_flight,
-                        self._dispatched if first or not s.rate_first_turns else self._priced,
+                        self._dispatched if first or not s.rate_first_turns else self._counted,
                         _streams(body))
         pick = decision.replica
         if s.hold_tokens and cached.get(pick, 0) - known.get(pick, 0) >= s.hold_tokens:
@@ -390,9 +399,15 @@ class Router:
         other routers' waiting requests (``replica``: the dispatch callback's shape)."""
         self._mean_prefill += _EMA * (prefill - self._mean_prefill)
 
-    def _dispatched(self, replica: str, prefill: float) -> None:
-        """`_priced`, and the dispatch counts in the recent request counts of ``replica``."""
+    def _counted(self, replica: str, prefill: float) -> None:
+        """`_priced`, and the dispatch counts in the long-run request share of ``replica``."""
         self._priced(replica, prefill)
+        if self.share is not None:
+            self.share.add(replica, self.settings.share_window * self._fleet)
+
+    def _dispatched(self, replica: str, prefill: float) -> None:
+        """`_counted`, and the dispatch counts in the recent request counts of ``replica``."""
+        self._counted(replica, prefill)
         if self.recent is not None:
             self.recent.add(replica, self.settings.rate_window * self._fleet)
 
@@ -420,5 +435,7 @@ class Router:
             self._capacity.pop(name, None)
             if self.recent is not None:
                 self.recent.forget(name)
+            if self.share is not None:
+                self.share.forget(name)
             if self.index is not None:
                 self.index.forget(name)

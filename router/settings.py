@@ -337,6 +337,9 @@ class RoutingSettings:
     rate_factor: float = 2.0
     rate_window: float = 8.0
     rate_first_turns: bool = True
+    share_factor: float = 1.15
+    share_slack: float = 6.0
+    share_window: float = 256.0
     # precise routing from the replicas' KV-cache events (cache_aware only): the files the
     # router renders and tokenises requests with, exactly as the replicas' vLLM does
     kv_events: KvEventsSettings = field(default_factory=KvEventsSettings)
@@ -382,6 +385,12 @@ class RoutingSettings:
                                     and not isinstance(v, bool) and (v == 0 or v >= 1), float),
                 rate_window=r.number("rate_window", cls.rate_window, ge=1),
                 rate_first_turns=r.boolean("rate_first_turns", cls.rate_first_turns),
+                share_factor=r.check("share_factor", cls.share_factor,
+                                     "0 (off) or a number >= 1",
+                                     lambda v: isinstance(v, int | float)
+                                     and not isinstance(v, bool) and (v == 0 or v >= 1), float),
+                share_slack=r.number("share_slack", cls.share_slack, ge=0),
+                share_window=r.number("share_window", cls.share_window, ge=1),
                 kv_events=_section(r, "kv_events", KvEventsSettings),
                 tokenizer=r.opt_string("tokenizer"),
                 chat_template=r.opt_string("chat_template"))

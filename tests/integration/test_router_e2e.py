@@ -46,7 +46,8 @@ def ask(c: openai.OpenAI, system: str, text: str, stream: bool, **kw: Any) -> st
 def test_same_prefix_lands_on_one_replica_at_low_load(fake_fleet: Any, router_server: Any,
                                                       stream: bool) -> None:
     fleet: Fleet = fake_fleet(4)
-    srv, _ = router_server(router_settings(fleet.urls, routing={"rate_factor": 0}))
+    srv, _ = router_server(router_settings(fleet.urls, routing={"rate_factor": 0,
+                                                                "share_factor": 0}))
     c = client(srv.url)
     served = {ask(c, SYSTEM, f"question {i}", stream) for i in range(12)}
     assert len(served) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -261,3 +262,21 @@ def test_precise_routing_runs_in_the_simulation_and_beats_round_robin() -> None:
     assert precise.branches.get("cache_hit", 0) > 0
     assert simulate(reqs, SimConfig(replicas=4, policy=PRECISE, kv_blocks=60)).hit_rate == \
         precise.hit_rate  # deterministic
+
+
+def test_several_router_processes_route_the_same_requests_and_each_hears_every_engine() -> None:
+    # routers=k: k Router instances, arrivals split round-robin, each precise index fed by every
+    # engine (deterministic, so a 1-point difference between k and 1 routers is resolvable)
+    from loadtest.simulate import PRECISE
+
+    reqs = workload_requests("cache-pressure", 300, 3, 20.0, prompts=12,
+                             min_prompt_tokens=300, max_prompt_tokens=500, zipf_s=0.0)
+    cfg = SimConfig(replicas=4, policy=PRECISE, kv_blocks=60)
+    one = simulate(reqs, cfg)
+    assert simulate(reqs, replace(cfg, routers=1)).hit_rate == one.hit_rate
+    three = simulate(reqs, replace(cfg, routers=3))
+    rr = simulate(reqs, replace(cfg, policy="round_robin", routers=3))
+    assert three.requests == one.requests == 300
+    assert three.hit_rate > rr.hit_rate + 0.1
+    assert three.branches.get("cache_hit", 0) > 0.5 * one.branches.get("cache_hit", 0)
+    assert simulate(reqs, replace(cfg, routers=3)).hit_rate == three.hit_rate

@@ -105,3 +105,29 @@ def test_distinct_keys_gauge_follows_observed_keys() -> None:
         m.observe_key(f"template-{i}")
     v = samples(m)[("prefix_router_distinct_keys_per_minute", frozenset())]
     assert 250 < v < 350
+
+
+def test_finished_attempts_update_their_series_through_the_cached_children() -> None:
+    m = RouterMetrics()
+    m.set_membership({"r0": (True, False)})
+    for _ in range(2):
+        m.dispatched("r0")
+    m.finished("r0", "home", 502, None, 0.003, "m")  # no first byte: no TTFB series yet
+    got = samples(m)
+    ttfb = "prefix_router_time_to_first_byte_seconds_count"
+    assert not any(name == ttfb for name, _ in got)
+    m.finished("r0", "home", 502, 0.001, 0.004, "m")  # the same labels, now with a first byte
+    m.dispatched("r0")
+    m.finished("r0", "spill", 200, 0.002, 0.005, "m")  # other labels share the TTFB child
+    got = samples(m)
+    labels = frozenset({("replica", "r0"), ("model", "m")})
+    assert got[(ttfb, labels)] == 2
+    assert got[("prefix_router_request_duration_seconds_count",
+                frozenset({("replica", "r0")}))] == 3
+    assert got[("prefix_router_requests_total", frozenset({
+        ("replica", "r0"), ("branch", "home"), ("status", "502"), ("model", "m")}))] == 2
+    assert got[("prefix_router_in_flight", frozenset({("replica", "r0")}))] == 0
+    m.set_membership({})  # the replica left with nothing open: its rows go with it
+    m.dispatched("r0")
+    m.finished("r0", "home", 200, 0.001, 0.002, "m")
+    assert samples(m)[("prefix_router_in_flight", frozenset({("replica", "r0")}))] == 0

@@ -93,6 +93,9 @@ def test_model_pools_follow_every_change() -> None:
     b.parents = {"llama": "qwen"}  # llama became an adapter of qwen on b
     assert pools.select("llama", fleet).adapter
     assert members(pools, "llama", [b, a]) == ("ok", ["b", "a"])  # same replicas, new order
+    assert members(pools, "mistral", fleet)[0] == "not_found"
+    fleet.append(c)  # the same list object, grown in place
+    assert members(pools, "mistral", fleet) == ("ok", ["c"])
 
 
 BOUND = LoadBound(1.25, 0)

@@ -15,6 +15,7 @@ from router.pipeline import (
     load_score,
     queued_work,
     recent_load,
+    request_share,
 )
 from router.policy import Branch, LoadBound
 from router.replicas import ReplicaState
@@ -133,4 +134,61 @@ def test_a_hot_first_turn_over_its_share_goes_to_the_next_best_cache() -> None:
     assert d is not None and (d.replica, d.branch) == ("b", Branch.SPILL)
     assert d.candidates[-1] == "a"  # the filtered-out replica is still a retry target
     d = p.pick(RequestView(PREFIX, 1000), [hot, copy, cold])  # a later turn: not bounded
+    assert d is not None and (d.replica, d.branch) == ("a", Branch.CACHE_HIT)
+
+
+def shared(name: str, share: float, cached: int = 0, rank: int = 0) -> Candidate:
+    return Candidate(ReplicaState(name, f"http://{name}"), cached, 0.0, rank, 0.0, share)
+
+
+# (first turn?, [(name, share, cached)], kept) - factor 1.25, slack 2; 4 replicas whose shares
+# sum to 39 (+1, this request): a fair share of 10, so under share while share + 1 <= 14.5
+SHARE_CASES = [
+    # new work goes only to the replicas under share, even away from its cache
+    (True, [("a", 21, 900), ("b", 6, 0), ("c", 6, 0), ("d", 6, 0)], ["b", "c", "d"]),
+    # a follow-up keeps its holder however far ahead it is (its history lives there) ...
+    (False, [("a", 21, 900), ("b", 6, 0), ("c", 6, 0), ("d", 6, 0)], ["a", "b", "c", "d"]),
+    # ... and may move only to a replica under share: c, over share, is no spill target
+    (False, [("a", 12, 900), ("b", 5, 0), ("c", 16, 300), ("d", 6, 0)], ["a", "b", "d"]),
+    # nothing cached anywhere: not bounded, cold placement stays the ring's (nginx parity)
+    (True, [("a", 21, 0), ("b", 6, 0), ("c", 6, 0), ("d", 6, 0)], ["a", "b", "c", "d"]),
+    # every replica holding the longest prefix is kept
+    (False, [("a", 20, 900), ("b", 13, 900), ("c", 3, 0), ("d", 3, 0)], ["a", "b", "c", "d"]),
+]
+
+
+@pytest.mark.parametrize(("first", "rows", "kept"), SHARE_CASES)
+def test_request_share_admits_new_work_under_share_and_keeps_follow_ups_sticky(
+        first: bool, rows: list[tuple[str, float, int]], kept: list[str]) -> None:
+    keep = request_share(1.25, 2.0)
+    got = keep(RequestView(PREFIX, 1000, first_turn=first), [shared(*r) for r in rows])
+    assert [c.name for c in got] == kept
+
+
+def test_request_share_slack_and_weights() -> None:
+    keep = request_share(1.0, 3.0)
+    new = RequestView(PREFIX, 100, first_turn=True)
+    # small counts never bind: 3 requests of slack
+    assert len(keep(new, [shared("a", 3, 50), shared("b", 0)])) == 2
+    assert [c.name for c in keep(new, [shared("a", 6, 50), shared("b", 0)])] == ["b"]
+    # the filter never empties the set
+    assert len(keep(new, [shared("a", 50, 50)])) == 1
+    # a replica of weight 2 may take twice the share: 27 (+1) over weight 4 -> 7 a weight
+    heavy = Candidate(ReplicaState("a", "http://a", weight=2), 50, 0.0, 0, 0.0, 15.0)
+    got = keep(new, [heavy, shared("b", 6), shared("c", 6)])
+    assert [c.name for c in got] == ["a", "b", "c"]
+    got = keep(new, [shared("a", 15, 50), shared("b", 6), shared("c", 6)])  # weight 1: over
+    assert [c.name for c in got] == ["b", "c"]
+
+
+def test_a_first_turn_over_its_share_replicates_the_prefix_onto_the_best_other_cache() -> None:
+    p = Pipeline([request_share(1.15, 2.0)],
+                 [(cache_score, 8.0), (load_score, 1.0), (home_score, 0.02)], 64)
+    hot = shared("a", 30, cached=900)
+    copy = shared("b", 5, cached=400, rank=2)
+    cold = shared("c", 5, rank=1)
+    d = p.pick(RequestView(PREFIX, 1000, first_turn=True), [hot, copy, cold])
+    assert d is not None and (d.replica, d.branch) == ("b", Branch.SPILL)
+    assert d.candidates[-1] == "a"  # the filtered-out replica is still a retry target
+    d = p.pick(RequestView(PREFIX, 1000), [hot, copy, cold])  # a later turn stays
     assert d is not None and (d.replica, d.branch) == ("a", Branch.CACHE_HIT)

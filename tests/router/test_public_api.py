@@ -89,7 +89,7 @@ PINNED: dict[str, list[str]] = {
     ],
     "router.pipeline": [
         "Candidate", "Filter", "Pipeline", "RequestView", "Scorer", "bounded_load", "cache_score",
-        "home_score", "load_score", "queued_work", "recent_load"
+        "home_score", "load_score", "queued_work", "recent_load", "request_share"
     ],
     "router.prefix_index": ["ApproxIndex", "InFlight", "PrefixIndex", "match_holders"],
     "router.proxy": [

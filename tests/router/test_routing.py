@@ -295,3 +295,26 @@ def test_recent_load_counts_decay_over_the_window() -> None:
     for _ in range(5000):  # the lazy increment is rescaled, counts stay finite
         rl.add("a", 2)
     assert 1.9 < rl.count("a") <= 2.0
+
+
+def test_new_conversations_steer_away_from_a_replica_busy_with_follow_ups() -> None:
+    r = router(rate_factor=0, share_factor=1.2, share_slack=1)
+    assert r.share is not None
+    first = r.route(CHAT, {}, body("q0"), 0)
+    assert first is not None
+    home = r.replicas.get(first.decision.replica)
+    assert home is not None
+    answer(first, home)
+    turns = ["q0"]
+    for i in range(1, 12):  # one long conversation: every follow-up stays with its history
+        turns.append(f"step {i}")
+        later = r.route(CHAT, {}, body(*turns), i)
+        assert later is not None and later.decision.replica == home.name
+        answer(later, home)
+    assert r.share.count(home.name) > 11  # follow-ups count in the share
+    for i in range(12, 20):  # new conversations of the same preamble go elsewhere
+        new = r.route(CHAT, {}, body(f"question {i}"), i)
+        assert new is not None and new.decision.replica != home.name
+        state = r.replicas.get(new.decision.replica)
+        assert state is not None
+        answer(new, state)
