@@ -36,6 +36,8 @@ from typing import Any, NamedTuple
 
 import xxhash
 
+from router.keys import api_kind
+
 __all__ = ["MAX_CHUNKS", "MESSAGE_TOKENS", "NO_CHUNKS", "Chunks", "request_chunks"]
 
 MAX_CHUNKS = 1024
@@ -79,7 +81,7 @@ def _content_text(content: Any) -> str:
 
 
 def _message_text(message: Any) -> str:
-    if not isinstance(message, Mapping):
+    if type(message) is not dict and not isinstance(message, Mapping):
         return _dumps(message)
     role = message.get("role")
     text = f"{role if isinstance(role, str) else ''}{_ROLE}{_content_text(message.get('content'))}"
@@ -133,12 +135,12 @@ class _Builder:
 def request_chunks(path: str, body: Mapping[str, Any] | None, chunk_chars: int = 1024,
                    chars_per_token: float = 4.0) -> Chunks:
     """The chained chunks of one request body (no chunks for paths without a prompt)."""
-    if not isinstance(body, Mapping):
+    if type(body) is not dict and not isinstance(body, Mapping):  # a dict: the cheap test
         return NO_CHUNKS
-    p = path.split("?", 1)[0].rstrip("/")
+    kind = api_kind(path)
     model = body.get("model")
     model = model if isinstance(model, str) else ""
-    if p.endswith("/chat/completions"):
+    if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list):
             return NO_CHUNKS
@@ -149,7 +151,7 @@ def request_chunks(path: str, body: Mapping[str, Any] | None, chunk_chars: int =
         for message in messages:
             b.add(_message_text(message), MESSAGE_TOKENS)
         return b.done()
-    if p.endswith("/completions"):
+    if kind == "completions":
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and all(
                 isinstance(t, int) and not isinstance(t, bool) for t in prompt):

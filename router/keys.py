@@ -58,6 +58,7 @@ __all__ = [
     "PrefixExplanation",
     "RoutingKey",
     "VolatileCut",
+    "api_kind",
     "canonical_prefix",
     "derive",
     "explain",
@@ -163,7 +164,7 @@ def derive(
     """The routing key of one request (see the module docstring for the rules)."""
     wanted = _headers(headers, (config.key_header, config.session_header))
     session = wanted.get(config.session_header)
-    kind = _api_kind(path)
+    kind = api_kind(path)
     conversation = _conversation(kind, session, body, config)
     history = _history(body)
     first = history is False
@@ -220,7 +221,7 @@ def explain(
     path: str, body: Mapping[str, Any], config: KeyConfig = KeyConfig()
 ) -> PrefixExplanation | None:
     """Canonical prefix with its cut; ``None`` for paths that carry no prompt."""
-    kind = _api_kind(path)
+    kind = api_kind(path)
     if kind is None or not isinstance(body, Mapping):
         return None
     header, content, full, truncated, cut = _prefix_parts(kind, body, config)
@@ -257,7 +258,9 @@ def _prefix_parts(
     return header, content, full, truncated, cut
 
 
-def _api_kind(path: str) -> str | None:
+def api_kind(path: str) -> str | None:
+    """``chat``, ``completions`` or ``embeddings`` by the path's last segments (query and a
+    trailing slash ignored), else None; memoised per path (`router.chunks` shares it)."""
     kind = _kinds.get(path, _UNKNOWN)
     if kind is _UNKNOWN:
         kind = _kind_of(path)

@@ -223,6 +223,7 @@ class Pipeline:
         self.filters = tuple(filters)
         self.scorers = tuple((s, w) for s, w in scorers if w > 0)
         self.min_match_tokens = min_match_tokens
+        self._floor = max(1, min_match_tokens)  # the least a cache_hit holds
 
     def pick(self, req: RequestView, candidates: list[Candidate]) -> Decision | None:
         if not candidates:
@@ -234,7 +235,7 @@ class Pipeline:
         if not kept:
             ranked = sorted(candidates, key=lambda c: (c.state.load() / c.state.weight, c.rank))
             return _decision(ranked, Branch.FALLBACK, candidates)
-        scale = float(req.prompt_tokens) + max(c.queued for c in kept)
+        scale = float(req.prompt_tokens) + max([c.queued for c in kept])
         if scale <= 0:
             scale = 1.0
         scorers = self.scorers
@@ -245,11 +246,11 @@ class Pipeline:
                 value += weight * scorer(req, c, scale, fleet)
             scored.append((value, -c.rank, -i))
         # over every candidate: a filtered-out replica holding more makes the pick a spill
-        top_cached = max(c.cached for c in candidates)
+        top_cached = max([c.cached for c in candidates])
         order = sorted(range(len(kept)), key=scored.__getitem__, reverse=True)
         ranked = [kept[i] for i in order]
         best = ranked[0]
-        floor = max(1, self.min_match_tokens)
+        floor = self._floor
         if best.cached >= floor and best.cached >= top_cached:
             branch = Branch.CACHE_HIT
         elif best.rank == 0 and req.placed:

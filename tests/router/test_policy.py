@@ -338,7 +338,7 @@ def test_public_names_and_labels_are_pinned() -> None:
     assert [s.value for s in KeySource] == ["header", "prefix", "conversation", "none"]
     assert sorted(keys.__all__) == [
         "KeyConfig", "KeySource", "PrefixExplanation", "RoutingKey", "VolatileCut",
-        "canonical_prefix", "derive", "explain", "key_config",
+        "api_kind", "canonical_prefix", "derive", "explain", "key_config",
     ]  # fmt: skip
     assert sorted(ring.__all__) == ["HashRing", "RING_KINDS", "Ring", "RingMember", "build_ring"]
     assert sorted(policy.__all__) == [
