@@ -160,7 +160,7 @@ def recent_load(factor: float, first_turns: bool = False) -> Filter:
     return keep
 
 
-def request_share(factor: float, slack: float) -> Filter:
+def request_share(factor: float, slack: float, min_match: int = 1) -> Filter:
     """Admission of new work by long-run request share; follow-ups stay with their history.
 
     ``share`` counts every request dispatched to each replica, follow-ups included, over a
@@ -173,7 +173,8 @@ def request_share(factor: float, slack: float) -> Filter:
     them: a hot preamble is copied onto a few more replicas instead of piling onto its holder.
     Any other request keeps every replica holding its longest cached prefix (moving it costs
     its whole history) and may otherwise only go to a replica under share, so a load spill
-    never lands on a replica already ahead. A request with nothing cached anywhere keeps every
+    never lands on a replica already ahead. A request with less than ``min_match`` tokens
+    cached anywhere (``routing.min_match_tokens``, the ``cache_hit`` floor) keeps every
     replica: cold placement stays the ring's (``ring: nginx`` parity; router processes with
     different counts still agree). None kept -> all (the filter never empties the set).
 
@@ -188,7 +189,7 @@ def request_share(factor: float, slack: float) -> Filter:
             total += c.share
             weight += c.state.weight
         top = max(c.cached for c in candidates)
-        if top <= 0:  # cold: placed by the ring, as nginx and every other router would
+        if top < max(1, min_match):  # cold: placed by the ring, as nginx and other routers
             return candidates
         fair = factor * total / weight
         sticky = not req.first_turn

@@ -275,7 +275,8 @@ class Router:
                 filters.append(recent_load(settings.rate_factor, settings.rate_first_turns))
             if settings.share_factor:
                 self.share = RecentLoad()
-                filters.append(request_share(settings.share_factor, settings.share_slack))
+                filters.append(request_share(settings.share_factor, settings.share_slack,
+                                             settings.min_match_tokens))
             self.pipeline = Pipeline(
                 filters,
                 [(cache_score, settings.cache_weight), (load_score, settings.load_weight),

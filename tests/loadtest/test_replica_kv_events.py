@@ -446,7 +446,9 @@ def test_publish_never_blocks_and_counts_what_it_drops() -> None:
     try:
         assert pub.publish(EventBatch(Slow(1.0), []))
         assert entered.wait(10)  # the thread took the first batch and is stuck in it
+        assert pub.queued == 0 and pub.unsent == 1  # off the queue, not sent: still unsent
         assert pub.publish(EventBatch(2.0, [])) and pub.publish(EventBatch(3.0, []))
+        assert pub.unsent == 3
         assert [pub.publish(EventBatch(4.0, [])) for _ in range(5)] == [False] * 5
         assert pub.dropped == 5
         gate.set()
@@ -454,7 +456,7 @@ def test_publish_never_blocks_and_counts_what_it_drops() -> None:
             if pub.published == 3:
                 break
             threading.Event().wait(0.01)
-        assert pub.published == 3 and pub.last_seq == 2
+        assert pub.published == 3 and pub.last_seq == 2 and pub.unsent == 0
     finally:
         gate.set()
         pub.close()

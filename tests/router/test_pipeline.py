@@ -179,6 +179,9 @@ def test_request_share_slack_and_weights() -> None:
     assert [c.name for c in got] == ["a", "b", "c"]
     got = keep(new, [shared("a", 15, 50), shared("b", 6), shared("c", 6)])  # weight 1: over
     assert [c.name for c in got] == ["b", "c"]
+    # below min_match tokens cached anywhere counts as cold: the ring places it
+    cold = request_share(1.0, 3.0, min_match=64)
+    assert len(cold(new, [shared("a", 6, 50), shared("b", 0)])) == 2
 
 
 def test_a_first_turn_over_its_share_replicates_the_prefix_onto_the_best_other_cache() -> None:
