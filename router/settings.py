@@ -337,7 +337,7 @@ class RoutingSettings:
     rate_factor: float = 2.0
     rate_window: float = 8.0
     rate_first_turns: bool = True
-    share_factor: float = 1.15
+    share_factor: float = 0.0  # off: measured to cost hit rate against sglang-router (docs/router.md)
     share_slack: float = 6.0
     share_window: float = 256.0
     # precise routing from the replicas' KV-cache events (cache_aware only): the files the
