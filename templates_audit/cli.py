@@ -130,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (TokenizerError, TemplateError) as exc:
         print(f"prefix-audit: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if getattr(tokenizer, "fidelity", ""):
+        print(f"prefix-audit: warning: {tokenizer.fidelity}", file=sys.stderr)  # type: ignore[attr-defined]
 
     auditor = Auditor(tokenizer, renderer, block_size=args.block_size,
                       cache_blocks=args.cache_blocks or None, redact_values=args.redact,

@@ -47,12 +47,16 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_PIECE_CHARS",
     "DefaultTokenizer",
+    "ENGINES",
     "EncodeError",
+    "FILE_CLASSES",
     "HFTokenizer",
     "Tokenizer",
     "TokenizerError",
     "default_tokenizer",
     "load_tokenizer",
+    "tokenizer_class",
+    "vllm_pipeline",
 ]
 
 MAX_PIECE_CHARS = 6
@@ -301,8 +305,71 @@ class DefaultTokenizer:
         return ids, offs
 
 
+# ``tokenizer_class`` values transformers 5 serves straight from ``tokenizer.json`` (its
+# ``TokenizersBackend``); any other class name makes it build its own pipeline (`vllm_pipeline`)
+FILE_CLASSES = frozenset({"", "PreTrainedTokenizerFast", "TokenizersBackend"})
+ENGINES = ("auto", "file", "transformers")
+
+
+def tokenizer_class(directory: str) -> str:
+    """The ``tokenizer_class`` of ``directory``'s ``tokenizer_config.json`` ("" when absent or
+    unreadable)."""
+    try:
+        with open(os.path.join(directory, "tokenizer_config.json"), encoding="utf-8") as fh:
+            value = json.load(fh).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return value if isinstance(value, str) else ""
+
+
+def vllm_pipeline(directory: str, engine: str = "auto") -> tuple[Any, str, str]:
+    """(pipeline, source, warning): the ``tokenizers`` pipeline vLLM tokenises with, for the
+    model files in ``directory``.
+
+    vLLM loads tokenizers with transformers' ``AutoTokenizer``. For the classes in
+    :data:`FILE_CLASSES` that is ``tokenizer.json`` as written: pipeline None (use the file),
+    transformers not imported. Any other ``tokenizer_class`` (``LlamaTokenizerFast``,
+    ``Qwen2Tokenizer``, ...) makes transformers 5 construct the class, whose ``__init__`` may
+    replace the file's pre-tokenizer and decoder (transformers issue 45488: a byte-level BPE
+    named ``LlamaTokenizerFast`` gets a Metaspace pre-tokenizer and loses its spaces), so the
+    tokens differ from the file's. Then, when transformers is importable (``engine`` "auto" or
+    "transformers"), the pipeline is that instance's ``backend_tokenizer``: token-for-token
+    what vLLM gets from the same transformers version, and still a ``tokenizers`` object, so
+    the incremental encoder and the post-processor probe work on it unchanged. Without
+    transformers, "auto" keeps the file and returns a warning (the tokens may differ from
+    vLLM's); "transformers" raises ``TokenizerError``. Cost: one transformers import and load,
+    at start-up only."""
+    cls = tokenizer_class(directory)
+    if engine == "auto" and cls in FILE_CLASSES:
+        return None, "tokenizer.json", ""
+    try:
+        import transformers
+    except ImportError:
+        if engine == "transformers":
+            raise TokenizerError("tokenizer engine 'transformers' needs transformers: "
+                                 "pip install 'prefix-router[exact]'") from None
+        return None, "tokenizer.json", (
+            f"tokenizer_config.json names tokenizer_class {cls!r}: transformers (which vLLM "
+            "loads tokenizers with) builds that class's own pipeline, which can tokenise "
+            "differently from tokenizer.json; install the transformers version of your vLLM "
+            "image (pip install 'prefix-router[exact]') to tokenise exactly as it does")
+    try:
+        loaded = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        backend = loaded.backend_tokenizer
+    except Exception as exc:
+        raise TokenizerError(f"transformers cannot load the tokenizer in {directory!r}: "
+                             f"{exc}") from exc
+    return backend, f"transformers {transformers.__version__} ({type(loaded).__name__})", ""
+
+
 class HFTokenizer:
     """A Hugging Face ``tokenizer.json`` loaded with the ``tokenizers`` library.
+
+    ``engine``: "auto" (default) tokenises as vLLM does: the file itself, or, for a
+    ``tokenizer_class`` transformers rebuilds, the pipeline transformers builds
+    (:func:`vllm_pipeline`; ``source`` names which, ``fidelity`` warns when transformers was
+    needed and missing); "file": always the file as written; "transformers": always
+    transformers' pipeline.
 
     ``add_special_tokens`` defaults to False because vLLM renders chat prompts with the template
     (which already writes BOS) and tokenises them without adding special tokens again; like
@@ -315,7 +382,7 @@ class HFTokenizer:
     """
 
     def __init__(self, path: str, add_special_tokens: bool = False, incremental: bool = True,
-                 cache_tokens: int | None = None) -> None:
+                 cache_tokens: int | None = None, engine: str = "auto") -> None:
         try:
             from tokenizers import Tokenizer as _HF
         except ImportError as exc:  # pragma: no cover - depends on the optional extra
@@ -323,11 +390,20 @@ class HFTokenizer:
                 "--tokenizer needs the optional 'tokenizers' package: "
                 "pip install 'prefix-router[tokenizers]'"
             ) from exc
+        if engine not in ENGINES:
+            raise TokenizerError(f"tokenizer engine must be one of {', '.join(ENGINES)}, "
+                                 f"got {engine!r}")
         file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
         try:
             self._tok = _HF.from_file(file)
         except Exception as exc:
             raise TokenizerError(f"cannot load tokenizer {file!r}: {exc}") from exc
+        # what vLLM's transformers would build from this directory (see `vllm_pipeline`)
+        self.source, self.fidelity = "tokenizer.json", ""
+        if engine != "file":
+            built, self.source, self.fidelity = vllm_pipeline(os.path.dirname(file), engine)
+            if built is not None:
+                self._tok = built
         self._tok.no_truncation()
         self._tok.no_padding()
         self.name = f"hf:{os.path.basename(os.path.dirname(os.path.abspath(file))) or file}"

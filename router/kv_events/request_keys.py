@@ -56,6 +56,14 @@ class RequestKeys:
         if self._base is None:
             self._base = PromptKeys.from_files(self._tokenizer_path, self._template_path)
 
+    def source(self) -> tuple[str, str]:
+        """(what tokenises, warning): `templates_audit.tokenize.HFTokenizer`'s ``source`` and
+        ``fidelity`` ("default tokenizer", "" for the built-in one)."""
+        self.load()
+        assert self._base is not None
+        tok = self._base.tokenizer
+        return (getattr(tok, "source", "default tokenizer"), getattr(tok, "fidelity", ""))
+
     def _for(self, block_size: int) -> PromptKeys:
         keys = self._keys.get(block_size)
         if keys is None:

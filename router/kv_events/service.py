@@ -10,6 +10,7 @@ and chat template (a bad file fails start-up, not the first request) and starts 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -25,6 +26,8 @@ from router.settings import Settings
 
 __all__ = ["KvEvents"]
 
+log = logging.getLogger("prefix_router.kv_events")
+
 
 class KvEvents:
     def __init__(self, settings: Settings, metrics: RouterMetrics) -> None:
@@ -34,6 +37,11 @@ class KvEvents:
                              self.precise)
         self.keys = RequestKeys(r.tokenizer, r.chat_template)
         self.keys.load()
+        source, warning = self.keys.source()
+        if warning:
+            log.warning("routing.tokenizer: %s", warning)
+        else:
+            log.info("routing.tokenizer: tokenising as vLLM does with %s", source)
         self.subscribers = KvSubscribers(r.kv_events, settings.replicas, self.precise, metrics)
 
     def exact(self, path: str, body: Mapping[str, Any] | None,

@@ -73,37 +73,57 @@ def router_sample(text: str, name: str, replica: str) -> float:
                if s.name == name and s.labels.get("replica") == replica)
 
 
-@pytest.fixture(scope="module")
-def bos_fleet(vllm_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmFleet]:
-    """One replica of the tiny model with a BOS post-processor in its tokenizer.json."""
-    model = tmp_path_factory.mktemp("tiny-llama-bos")
+def variant_fleet(vllm_env: Any, tmp_path_factory: pytest.TempPathFactory, name: str,
+                  tokenizer: dict[str, Any], config: dict[str, Any]) -> Iterator[VllmFleet]:
+    """One replica of a copy of the tiny model, ``tokenizer`` / ``config`` merged into its
+    tokenizer.json / tokenizer_config.json."""
+    model = tmp_path_factory.mktemp(f"tiny-llama-{name}")
     for f in vllm_env.model_dir.iterdir():
         if f.is_file():
             shutil.copy(f, model / f.name)
-    tok = json.loads((model / "tokenizer.json").read_text())
+    for file, extra in (("tokenizer.json", tokenizer), ("tokenizer_config.json", config)):
+        data = json.loads((model / file).read_text())
+        (model / file).write_text(json.dumps({**data, **extra}))
+    log_dir = tmp_path_factory.mktemp(f"vllm-{name}-logs")
+    fleet = VllmFleet(n=1, model_dir=model, venv=vllm_env.venv, block_size=32,
+                      served_model_name=MODEL, log_dir=log_dir, kv_events=True)
+    with fleet:
+        print(f"\nvLLM {name} fleet up in {fleet.startup_seconds:.1f}s (logs {log_dir})")
+        yield fleet
+
+
+@pytest.fixture(scope="module")
+def bos_fleet(vllm_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmFleet]:
+    """One replica of the tiny model with a BOS post-processor in its tokenizer.json."""
     bos = "<|endoftext|>"  # id 0, the config's bos_token_id
-    tok["post_processor"] = {
+    post = {
         "type": "TemplateProcessing",
         "single": [{"SpecialToken": {"id": bos, "type_id": 0}},
                    {"Sequence": {"id": "A", "type_id": 0}}],
         "pair": [{"SpecialToken": {"id": bos, "type_id": 0}},
                  {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
         "special_tokens": {bos: {"id": bos, "ids": [0], "tokens": [bos]}}}
-    (model / "tokenizer.json").write_text(json.dumps(tok))
-    cfg = json.loads((model / "tokenizer_config.json").read_text())
-    (model / "tokenizer_config.json").write_text(json.dumps({**cfg, "bos_token": bos}))
-    log_dir = tmp_path_factory.mktemp("vllm-bos-logs")
-    fleet = VllmFleet(n=1, model_dir=model, venv=vllm_env.venv, block_size=32,
-                      served_model_name=MODEL, log_dir=log_dir, kv_events=True)
-    with fleet:
-        print(f"\nvLLM BOS fleet up in {fleet.startup_seconds:.1f}s (logs {log_dir})")
-        yield fleet
+    yield from variant_fleet(vllm_env, tmp_path_factory, "bos", {"post_processor": post},
+                             {"bos_token": bos})
 
 
-@pytest.mark.parametrize("model", ["tiny", "bos"])
+@pytest.fixture(scope="module")
+def llama_class_fleet(vllm_env: Any,
+                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmFleet]:
+    """One replica of the tiny model (byte-level BPE) whose tokenizer_config.json names
+    ``LlamaTokenizerFast``, as DeepSeek's and Llama-3 distills' do: vLLM's transformers builds
+    that class's own pipeline instead of the file's (transformers issue 45488)."""
+    yield from variant_fleet(vllm_env, tmp_path_factory, "llama-class", {},
+                             {"tokenizer_class": "LlamaTokenizerFast"})
+
+
+FLEETS = {"tiny": "fleet", "bos": "bos_fleet", "llama-class": "llama_class_fleet"}
+
+
+@pytest.mark.parametrize("model", list(FLEETS))
 def test_router_predicts_vllms_cached_tokens_from_its_events(
         request: pytest.FixtureRequest, model: str, unique: str) -> None:
-    fleet: VllmFleet = request.getfixturevalue("fleet" if model == "tiny" else "bos_fleet")
+    fleet: VllmFleet = request.getfixturevalue(FLEETS[model])
     from tokenizers import Tokenizer
 
     lib = Tokenizer.from_file(str(fleet.env.model_dir / "tokenizer.json"))
@@ -111,6 +131,16 @@ def test_router_predicts_vllms_cached_tokens_from_its_events(
     # no speculative entries: every prediction comes from the events alone (a served request's
     # own keys, speculated, would match a next request keyed the same wrong way)
     app = create_app(settings_for(fleet, speculative_ttl=0))
+    assert app.kv is not None
+    source, warning = app.kv.keys.source()
+    print(f"\n{model}: the router tokenises with {source}")
+    assert warning == ""
+    if model == "llama-class":  # the pipeline vLLM's transformers builds, not the file's
+        assert source.startswith("transformers ")
+        text = prose(f"{unique}-space-check", 12)
+        mine = app.kv.keys._for(fleet.block_size).tokenizer.encode(text)
+        print(f"llama-class: file and transformers pipeline "
+              f"{'agree' if mine == lib.encode(text).ids else 'differ'} on {text[:40]!r}")
     rows: list[tuple[str, str, int, int | None]] = []  # (kind, replica, predicted, reported)
     kind = ["chat"]
     inner = app.metrics.cached_tokens
