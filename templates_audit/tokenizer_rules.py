@@ -653,6 +653,14 @@ def analyse(spec: Mapping[str, Any], *, add_special_tokens: bool = False,
         else:
             norm_ascii = tuple(normalize(mid_norm, chr(c)) for c in range(128))
     forced = b""
+    if level == LEVEL_WORDS and no_words and pre.metaspace is not None \
+            and _drops(model, pre.metaspace):
+        # the model drops the word marker before merging, so merges join the words on either
+        # side of it (transformers 5's Metaspace LlamaTokenizer over a byte-level vocabulary:
+        # "hello world" -> "he l low ..."): a marker forces no cut, no splice is provable
+        return rules(LEVEL_FULL, family, f"the model drops the word marker "
+                     f"{pre.metaspace!r} (not in its vocabulary), so merges cross words",
+                     **extras)
     if level == LEVEL_WORDS and no_words:
         def model_char(c: int) -> str:
             form = norm_ascii[c] if norm_ascii is not None else chr(c)
@@ -669,6 +677,17 @@ def analyse(spec: Mapping[str, Any], *, add_special_tokens: bool = False,
         regex_stages=pre.regex_stages, ascii_start=norm.ascii_start, grapheme=norm.grapheme,
         literals=tuple(norm.literals), space_chars=frozenset(pre.space_chars),
         norm_ascii=norm_ascii, forced=forced, **extras)
+
+
+def _drops(model: Mapping[str, Any], marker: str) -> bool:
+    """True when a BPE ``model`` silently drops ``marker``: not in its vocabulary, no unknown
+    token to stand for it, and no byte fallback that can spell it (``byte_fallback`` needs
+    the ``<0xNN>`` tokens of its UTF-8 bytes, which a byte-level vocabulary lacks)."""
+    vocab = model.get("vocab")
+    if not isinstance(vocab, Mapping) or marker in vocab or model.get("unk_token") is not None:
+        return False
+    return not (model.get("byte_fallback")
+                and all(f"<0x{b:02X}>" in vocab for b in marker.encode("utf-8")))
 
 
 def _family(mtype: str, spec: Mapping[str, Any], pre: _Pre) -> str:

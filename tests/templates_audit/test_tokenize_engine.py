@@ -115,3 +115,20 @@ def test_vllm_pipeline_reports_what_it_used(tmp_path: Path) -> None:
     assert built is not None and warning == ""
     assert source == f"transformers {transformers.__version__} (LlamaTokenizer)"
     assert vllm_pipeline(str(model_dir(tmp_path, None)))[:2] == (None, "tokenizer.json")
+
+
+def test_rebuilt_metaspace_over_a_byte_level_vocabulary_splices_nothing(tmp_path: Path) -> None:
+    """transformers' LlamaTokenizer puts a Metaspace (no split) pre-tokenizer on a byte-level
+    vocabulary without ``▁``: the model drops the marker before merging, so merges cross words
+    and no cut is safe. Prompts sharing a long prefix (the case splicing would serve) stay
+    token-for-token transformers'."""
+    transformers = pytest.importorskip("transformers")
+    d = model_dir(tmp_path, "LlamaTokenizerFast")
+    ref = transformers.AutoTokenizer.from_pretrained(str(d), local_files_only=True)
+    tok = HFTokenizer(str(d))
+    assert "drops the word marker" in tok.fallback()
+    words = [w for text in TEXTS for w in text.split()]
+    prefix = " ".join(words * 6)
+    for i in range(4):
+        text = f"{prefix} tail {i} " + " ".join(reversed(words[: 5 + i]))
+        assert tok.encode(text) == ref.encode(text, add_special_tokens=False)
