@@ -18,7 +18,10 @@ marker so nothing of it is cached before:
 Twice: on the stage's tiny model (no post-processor: vLLM adds no special tokens), and on a
 copy of it whose ``tokenizer.json`` prepends BOS (``<|endoftext|> $A``, as Llama checkpoints
 do), on a one-replica fleet of its own: there vLLM's completions path adds BOS and its chat path
-does not, and the router must do the same. The rows (kind, replica, predicted, reported) are
+does not, and the router must do the same. And three times: a copy whose tokenizer_config.json
+names ``LlamaTokenizerFast`` over the byte-level BPE, which vLLM's transformers rebuilds with a
+Metaspace pre-tokenizer (spaces vanish; transformers issue 45488): the router must tokenise with
+that pipeline, not the file. The rows (kind, replica, predicted, reported) are
 printed; the router's /metrics must show the index fed by the events
 (``prefix_router_kv_index_blocks`` > 0) and equal predicted and reported totals. No timing is
 asserted; every wait is bounded.
@@ -134,11 +137,12 @@ def test_router_predicts_vllms_cached_tokens_from_its_events(
     assert app.kv is not None
     source, warning = app.kv.keys.source()
     print(f"\n{model}: the router tokenises with {source}")
+    app_keys = app.kv.keys._for(fleet.block_size)
     assert warning == ""
     if model == "llama-class":  # the pipeline vLLM's transformers builds, not the file's
         assert source.startswith("transformers ")
         text = prose(f"{unique}-space-check", 12)
-        mine = app.kv.keys._for(fleet.block_size).tokenizer.encode(text)
+        mine = app_keys.tokenizer.encode(text)
         print(f"llama-class: file and transformers pipeline "
               f"{'agree' if mine == lib.encode(text).ids else 'differ'} on {text[:40]!r}")
     rows: list[tuple[str, str, int, int | None]] = []  # (kind, replica, predicted, reported)
@@ -191,7 +195,8 @@ def test_router_predicts_vllms_cached_tokens_from_its_events(
                 send("/v1/completions", {"prompt": prompt})
             send("/v1/completions", {"prompt": prompts[-1]})
             send("/v1/completions", {"prompt": prompts[-1], "add_special_tokens": False})
-            ids = lib.encode(prompts[-1], add_special_tokens=True).ids
+            # vLLM's own ids for that prompt (the llama-class model's are not the file's)
+            ids = app_keys.text(prompts[-1], add_special_tokens=True).ids
             send("/v1/completions", {"prompt": list(ids)})
             metrics = client.get("/metrics").text
     finally:
