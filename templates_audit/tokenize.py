@@ -394,16 +394,17 @@ class HFTokenizer:
             raise TokenizerError(f"tokenizer engine must be one of {', '.join(ENGINES)}, "
                                  f"got {engine!r}")
         file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
-        try:
-            self._tok = _HF.from_file(file)
-        except Exception as exc:
-            raise TokenizerError(f"cannot load tokenizer {file!r}: {exc}") from exc
-        # what vLLM's transformers would build from this directory (see `vllm_pipeline`)
-        self.source, self.fidelity = "tokenizer.json", ""
-        if engine != "file":
-            built, self.source, self.fidelity = vllm_pipeline(os.path.dirname(file), engine)
-            if built is not None:
-                self._tok = built
+        # what vLLM's transformers builds from this directory (see `vllm_pipeline`); the file
+        # itself is parsed only when that is the file as written
+        built, self.source, self.fidelity = (None, "tokenizer.json", "") if engine == "file" \
+            else vllm_pipeline(os.path.dirname(os.path.abspath(file)), engine)
+        if built is not None:
+            self._tok = built
+        else:
+            try:
+                self._tok = _HF.from_file(file)
+            except Exception as exc:
+                raise TokenizerError(f"cannot load tokenizer {file!r}: {exc}") from exc
         self._tok.no_truncation()
         self._tok.no_padding()
         self.name = f"hf:{os.path.basename(os.path.dirname(os.path.abspath(file))) or file}"
