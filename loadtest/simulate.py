@@ -82,6 +82,11 @@ class SimConfig:
     # precise ones fed by the same engines); arrivals split round-robin between them, as
     # `loadtest.splitter` does
     routers: int = 1
+    # routing.peers between those processes: each one's attempts (start / first byte / end)
+    # reach every other one this many seconds later, applied by `router.peers.PeerState`
+    # (None: no sharing, each process sees only its own requests)
+    peer_delay: float | None = None
+    peer_ttl: float = 30.0  # routing.peers.ttl
     timing: TimingModel = field(default_factory=TimingModel)
     routing: dict[str, Any] = field(default_factory=dict)  # further routing.* settings
 
@@ -111,6 +116,7 @@ class SimResult:
     holds: int = 0  # requests held until an earlier one's prefill of their prefix answered
     # prompt tokens by why they were or were not a hit (`_Attribution`)
     misses: dict[str, int] = field(default_factory=dict)
+    peer_events: int = 0  # routing.peers events applied (`SimConfig.peer_delay`)
 
     @property
     def of_ceiling(self) -> float:
@@ -169,6 +175,23 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
             hold_timeout = router.settings.hold_timeout
         routers.append(router)
         all_states.append({s.name: s for s in rset.states()})
+    peer_states: list[Any] = []
+    if config.peer_delay is not None and len(routers) > 1 and config.policy != SGLANG_MODEL:
+        from router.peers import Outbox, PeerState
+
+        def deliver(src: int, event: Any) -> None:
+            assert config.peer_delay is not None
+            for j in range(len(routers)):
+                if j != src:
+                    heapq.heappush(heap, (clock[0] + config.peer_delay, next(order), "peer",
+                                          (j, event)))
+
+        for i, router in enumerate(routers):
+            assert isinstance(router, Router)
+            router.outbox = Outbox(f"p{i}", partial(deliver, i), clock=lambda: clock[0])
+            # a silent peer never times out here: every process routes until the end
+            peer_states.append(PeerState(router, config.peer_ttl, float("inf"),
+                                         clock=lambda: clock[0], me=f"p{i}"))
     why = _Attribution()
     capacity = (config.kv_blocks or 0) * config.block_size  # what cache_config_info reports
     by_rid: dict[int, dict[str, ReplicaState]] = {}  # the states of the router that routed it
@@ -236,6 +259,9 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
                 heapq.heappush(heap, (now + hold_timeout, next(order), "submit", rid))
             else:
                 heapq.heappush(heap, (now, next(order), "submit", rid))
+        elif kind == "peer":
+            j, event = payload
+            peer_states[j].apply(event)
         elif kind == "submit":
             rid = payload
             if rid not in pending:
@@ -296,6 +322,7 @@ def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
         ceiling=ceiling(requests, config).to_json(),
         rejected=rejected,
         misses=why.totals,
+        peer_events=sum(p.applied for p in peer_states),
     )
 
 
@@ -546,6 +573,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--routers", type=int, default=1,
                    help="router processes, arrivals split round-robin between them (each its "
                         "own load view and indexes)")
+    p.add_argument("--peer-delay", type=float, default=None, metavar="SECONDS",
+                   help="routing.peers between the --routers processes: each one's attempts "
+                        "reach the others after this delay (default: no sharing)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-blocks", type=int, default=8192)
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -579,11 +609,12 @@ def main(args: argparse.Namespace) -> int:
             print(f"prefix-loadtest simulate: bad trace line {exc}", file=sys.stderr)
             return 2
     base = SimConfig(replicas=args.replicas, block_size=args.block_size, kv_blocks=args.kv_blocks,
-                     max_num_seqs=args.max_num_seqs, routers=args.routers)
+                     max_num_seqs=args.max_num_seqs, routers=args.routers,
+                     peer_delay=args.peer_delay)
     if args.bench_cell:
         try:
             reqs, base = bench_cell(args.bench_cell, args.replicas, args.seed)
-            base = replace(base, routers=args.routers)
+            base = replace(base, routers=args.routers, peer_delay=args.peer_delay)
         except ValueError as exc:
             print(f"prefix-loadtest simulate: {exc}", file=sys.stderr)
             return 2

@@ -48,6 +48,9 @@ class ReplicaState:
     unstarted: int = 0
     pending_prefill: float = 0.0
     scraped_unstarted: int = 0  # `unstarted` when `waiting` was scraped: ours among the waiting
+    # the other router processes' attempts open on the replica, as they published them
+    # (routing.peers, `router.peers.state`); 0 when peers are off
+    peer_in_flight: int = 0
     # names served (base models and LoRA adapters); None while unknown (router.models)
     models: frozenset[str] | None = None
     parents: Mapping[str, str] = field(default_factory=dict)  # adapter -> base model
@@ -66,9 +69,10 @@ class ReplicaState:
         return self.healthy and not self.draining
 
     def load(self) -> float:
-        # in_flight is exact but only for this process; the scraped gauges see every router
-        # worker's traffic but lag by a scrape interval. The larger one is the safer estimate.
-        return max(float(self.in_flight), self.running + self.waiting)
+        # in_flight is exact but only for this process (plus what its peers published); the
+        # scraped gauges see every router worker's traffic but lag by a scrape interval. The
+        # larger one is the safer estimate.
+        return max(float(self.in_flight + self.peer_in_flight), self.running + self.waiting)
 
 
 class EndpointLike(Protocol):

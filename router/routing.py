@@ -49,7 +49,7 @@ Cost (cache_aware): O(prompt) hashing, O(chunks) index lookups, O(N) scoring; no
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from router.chunks import NO_CHUNKS, Chunks, request_chunks
 from router.keys import KeyConfig, KeySource, RoutingKey, derive, key_config
@@ -66,16 +66,32 @@ from router.pipeline import (
     recent_load,
     request_share,
 )
-from router.policy import Decision, LoadBound, Policy, make_policy
+from router.policy import Branch, Decision, LoadBound, Policy, make_policy
 from router.prefix_index import ApproxIndex, InFlight, PrefixIndex
 from router.replicas import ReplicaSet, ReplicaState
 from router.settings import RoutingSettings
 from router.usage import UsageTap
 
-__all__ = ["ExactKeys", "RecentLoad", "Routed", "Router"]
+__all__ = ["AttemptSink", "ExactKeys", "RecentLoad", "Routed", "Router"]
 
 # path, parsed body, model pool -> the request's exact block keys (`Chunks.exact`) or None
 ExactKeys = Callable[[str, Mapping[str, Any] | None, Pool | None], Chunks | None]
+
+
+class AttemptSink(Protocol):
+    """Where a request's attempts are announced to other router processes (``routing.peers``:
+    `router.peers.state.Outbox`)."""
+
+    def rid(self) -> int:
+        """A new request id, unique within this process."""
+        ...
+
+    def started(self, routed: Routed, replica: str, prefill: float) -> None: ...
+
+    def served(self, routed: Routed, replica: str, status: int) -> None: ...
+
+    def ended(self, routed: Routed, replica: str) -> None: ...
+
 
 _EMA = 0.05  # weight of one request in the running mean of predicted prefill tokens
 
@@ -133,15 +149,15 @@ class RecentLoad:
 class Routed:
     """One request's routing decision and its outcome hooks (`router.proxy.Attempts`)."""
 
-    __slots__ = ("_in_flight", "_index", "_on_start", "_open", "_reserved", "_waiters", "cached",
-                 "chunks", "decision", "key", "leader", "prompt_tokens", "served_by", "stream",
-                 "tap")
+    __slots__ = ("_in_flight", "_index", "_on_start", "_open", "_peers", "_reserved", "_waiters",
+                 "cached", "chunks", "decision", "key", "leader", "peer_rid", "prompt_tokens",
+                 "served_by", "stream", "tap")
 
     def __init__(self, key: RoutingKey, decision: Decision, chunks: Chunks,
                  cached: Mapping[str, int], index: PrefixIndex | None,
                  tap: UsageTap | None, in_flight: InFlight | None = None,
                  on_start: Callable[[str, float], None] | None = None,
-                 stream: bool = False) -> None:
+                 stream: bool = False, peers: AttemptSink | None = None) -> None:
         self.key = key
         self.decision = decision
         self.chunks = chunks
@@ -159,6 +175,9 @@ class Routed:
         self._open: dict[str, float] = {}
         self._waiters: list[Callable[[], None]] | None = None
         self._reserved: tuple[ReplicaState, float] | None = None
+        # routing.peers: this request's attempts are published to the other router processes
+        self._peers = peers
+        self.peer_rid = 0 if peers is None else peers.rid()
 
     def hold_behind(self, leader: Routed, replica: ReplicaState) -> bool:
         """Hold this request behind ``leader`` on ``replica``. While held it is committed
@@ -216,6 +235,8 @@ class Routed:
             self._in_flight.add(replica.name, self.chunks, self)
         if self._on_start is not None:
             self._on_start(replica.name, cost)
+        if self._peers is not None:
+            self._peers.started(self, replica.name, cost)
 
     def _release(self, replica: ReplicaState) -> None:
         cost = self._open.pop(replica.name, None)
@@ -236,9 +257,13 @@ class Routed:
             self.served_by = replica.name
             if self._index is not None:
                 self._index.record(replica.name, self.chunks)
+        if self._peers is not None:
+            self._peers.served(self, replica.name, status)
 
     def ended(self, replica: ReplicaState) -> None:
         self._release(replica)
+        if self._peers is not None:
+            self._peers.ended(self, replica.name)
 
     @property
     def predicted(self) -> int:
@@ -291,6 +316,8 @@ class Router:
         self._capacity: dict[str, int] = {}
         self._mean_prefill = 0.0
         self._fleet = 1  # available replicas at the last decision
+        # routing.peers: publishes this process's attempts (`router.peers`); None: off
+        self.outbox: AttemptSink | None = None
 
     def route(self, path: str, headers: Mapping[str, str], body: Mapping[str, Any] | None,
               seq: int, tap: UsageTap | None = None, pool: Pool | None = None) -> Routed | None:
@@ -304,7 +331,8 @@ class Router:
             decision = self.policy.choose(key, states, self.replicas.ring, seq)
             if decision is None:
                 return None
-            return Routed(key, self._lora(pool, decision, states), NO_CHUNKS, {}, None, tap)
+            return Routed(key, self._lora(pool, decision, states), NO_CHUNKS, {}, None, tap,
+                          peers=self.outbox)
         s = self.settings
         chunks = request_chunks(path, body, s.chunk_chars, s.chars_per_token)
         if self.exact is not None:
@@ -366,7 +394,7 @@ class Router:
         decision = self._lora(pool, decision, states)
         routed = Routed(key, decision, chunks, cached, self.index, tap, in_flight,
                         self._dispatched if first or not s.rate_first_turns else self._counted,
-                        _streams(body))
+                        _streams(body), self.outbox)
         pick = decision.replica
         if s.hold_tokens and cached.get(pick, 0) - known.get(pick, 0) >= s.hold_tokens:
             lead = in_flight.leader(chunks, pick)
@@ -379,6 +407,22 @@ class Router:
                             routed.hold_behind(leader, r)
                             break
         return routed
+
+    def mirror(self, replica: str, chunks: Chunks, prefill: float, stream: bool,
+               first: bool) -> Routed:
+        """Another router process's attempt on ``replica`` as a request of this one
+        (`router.peers.state.PeerState`): its outcome hooks write this process's queued work,
+        in-flight set, index and recent counts exactly as a local request's do, with the
+        prefill the peer predicted. It publishes nothing."""
+        key = RoutingKey(None, None, KeySource.NONE, first_turn=first)
+        cached = {replica: max(0, chunks.total - round(prefill))}
+        on_start = None
+        if self.pipeline is not None:
+            s = self.settings
+            on_start = self._dispatched if first or not s.rate_first_turns else self._counted
+        return Routed(key, Decision(replica, Branch.HOME, (replica,)), chunks, cached,
+                      self.index, None, self.in_flight if self.pipeline is not None else None,
+                      on_start, stream)
 
     def _caches_full(self, available: Sequence[ReplicaState]) -> bool:
         """Whether the index counts the available replicas' caches (those with a scraped

@@ -280,3 +280,22 @@ def test_several_router_processes_route_the_same_requests_and_each_hears_every_e
     assert three.hit_rate > rr.hit_rate + 0.1
     assert three.branches.get("cache_hit", 0) > 0.5 * one.branches.get("cache_hit", 0)
     assert simulate(reqs, replace(cfg, routers=3)).hit_rate == three.hit_rate
+
+
+def test_router_processes_that_share_in_flight_state_with_no_delay_route_as_one() -> None:
+    # SimConfig.peer_delay: every process's attempts reach the others (router.peers.PeerState);
+    # with no delay each process's view is the single router's, so the fleet hit rate is too
+    from loadtest.simulate import PRECISE
+
+    reqs = workload_requests("cache-pressure", 300, 3, 20.0, prompts=12,
+                             min_prompt_tokens=300, max_prompt_tokens=500, zipf_s=0.0)
+    for policy in (PRECISE, "cache_aware"):
+        cfg = SimConfig(replicas=4, policy=policy, kv_blocks=60)
+        one = simulate(reqs, cfg)
+        alone = simulate(reqs, replace(cfg, routers=3))
+        shared = simulate(reqs, replace(cfg, routers=3, peer_delay=0.0))
+        assert one.peer_events == alone.peer_events == 0
+        assert shared.peer_events >= 3 * 2 * 300  # start + ended per request, to 2 peers
+        assert abs(shared.hit_rate - one.hit_rate) < 0.005 < one.hit_rate - alone.hit_rate
+        late = simulate(reqs, replace(cfg, routers=3, peer_delay=0.05))
+        assert late.peer_events == shared.peer_events and late.requests == 300

@@ -101,7 +101,9 @@ PINNED: dict[str, list[str]] = {
     "router.ring.nginx": [
         "NGINX_MAX_SKIPS", "NginxRing", "POINTS_PER_WEIGHT", "key_bytes", "split_server"
     ],
-    "router.routing": ["ExactKeys", "RecentLoad", "Routed", "Router"],
+    "router.peers": ["Outbox", "PeerEvent", "PeerState"],
+    "router.peers.state": ["KINDS", "Outbox", "PeerEvent", "PeerState"],
+    "router.routing": ["AttemptSink", "ExactKeys", "RecentLoad", "Routed", "Router"],
     "router.settings": [
         "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
         "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery",
