@@ -20,15 +20,18 @@ sizes, connection caps) are enforced below this app by `router.limits`, through 
 Lifespan: startup creates the upstream pool of the proxied requests (`router.upstream`) and the
 aiohttp sessions (/v1/models fan-out, control plane), starts the KV-event subscribers when
 `routing.kv_events` is on (`router.kv_events`: one SUB loop per replica, which follow every
-membership and health change), publishes the static membership at once, then starts discovery,
+membership and health change) and the peer transport when `routing.peers` is on
+(`router.peers.service`: a PUB socket, a SUB socket to the other router processes, a heartbeat),
+publishes the static membership at once, then starts discovery,
 health probes, the load scrape and the optional admin listener as tasks; shutdown cancels and
-awaits them, stops the subscribers and closes the pool and the sessions.
+awaits them, stops the subscribers and the peer transport and closes the pool and the sessions.
 Constructing a RouterApp starts nothing, so tests can build many.
 
 `app_factory()` builds the app from the settings file named by `SETTINGS_ENV`, which is how
 `uvicorn --workers N` processes get their configuration. Every worker computes the same routing
 decision for the same key and membership because the policy is a pure function of both (loads
-differ per worker: each counts its own in-flight requests plus the shared scraped gauges).
+differ per worker: each counts its own in-flight requests plus the shared scraped gauges, and
+with `routing.peers` also the other workers' and processes' in-flight requests).
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ from router.usage import UsageTap
 
 if TYPE_CHECKING:  # router.tracing imports opentelemetry: only loaded when tracing is on
     from router.kv_events.service import KvEvents  # pyzmq, msgpack: only with kv_events on
+    from router.peers.service import PeerService  # pyzmq, msgpack: only with peers on
     from router.tracing import RequestTrace, Tracing
 
 log = logging.getLogger("prefix_router")
@@ -98,6 +102,11 @@ class RouterApp:
             self.router = Router(r, self.replicas, self.kv.index, self.kv.exact)
         else:
             self.router = Router(r, self.replicas)
+        self.peers: PeerService | None = None
+        if r.peers.enabled:  # only then is the kv extra imported
+            from router.peers.service import PeerService
+
+            self.peers = PeerService(settings, self.router, self.metrics)
         self.policy = self.router.policy
         self.pools = ModelPools()
         self.key_config = self.router.key_config
@@ -135,6 +144,8 @@ class RouterApp:
         gone = before - {s.name for s in self.replicas.states()}
         self.health.forget(gone)
         self.router.forget(gone)
+        if self.peers is not None:
+            self.peers.forget(gone)
         self._publish_states()
 
     def _publish_states(self) -> None:
@@ -160,6 +171,8 @@ class RouterApp:
                                             self.metrics, s.proxy, self.upstream_auth))
         if self.kv is not None:
             await self.kv.start()
+        if self.peers is not None:
+            await self.peers.start()
         if s.discovery.type == "static" and s.replicas:
             self.publish(s.replicas)  # ready from the first request, before any task ran
         discovery = self.discovery or make_discovery(s)
@@ -190,6 +203,8 @@ class RouterApp:
         self._tasks = []
         if self.kv is not None:
             await self.kv.stop()
+        if self.peers is not None:
+            await self.peers.stop()
         for session in (self._session, self._control):
             if session is not None:
                 await session.close()
@@ -320,6 +335,8 @@ class RouterApp:
             raise NoReplicaAvailable("no healthy replica serves the requested model",
                                      retry_after=self._retry_after())
         self._seq += 1
+        if self.peers is not None:
+            self.peers.catch_up()
         routed = self.router.route(path, key_headers, parsed, self._seq,
                                    UsageTap() if parsed is not None else None, pool)
         if routed is None:

@@ -48,6 +48,7 @@ __all__ = ["DURATION_BUCKETS", "DistinctKeys", "KV_LAG_BUCKETS", "REPLICA_STATES
 TTFB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 REPLICA_STATES = ("healthy", "unhealthy", "draining")
+_PEER_KINDS = ("start", "served", "ended", "hello")  # router.peers.state.KINDS
 KV_LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
@@ -176,6 +177,30 @@ class RouterMetrics:
         self.kv_drops = Counter(p + "kv_dropped_replicas_total", "Times a replica's entries "
                                   "were dropped from the precise index rather than kept stale, "
                                   "by reason", ["replica", "reason"], registry=r)
+        # routing.peers (router/peers): type is one of router.peers.state.KINDS
+        self.peer_sent = Counter(p + "peer_events_sent_total", "Events this router process "
+                                 "published to its peers, by type=start|served|ended|hello",
+                                 ["type"], registry=r)
+        self.peer_received = Counter(p + "peer_events_received_total", "Peer events received "
+                                     "and decoded, by type and applied=true|false (false: a "
+                                     "duplicate, an attempt never seen or expired, an unknown "
+                                     "replica)", ["type", "applied"], registry=r)
+        self.peer_decode_errors = Counter(p + "peer_decode_errors_total", "Peer messages "
+                                          "dropped because they did not decode", registry=r)
+        self.peer_connected = Gauge(p + "peer_connected", "Peers heard from within "
+                                    "routing.peers.timeout", registry=r,
+                                    multiprocess_mode="max")
+        self.peer_attempts = Gauge(p + "peer_attempts_open", "Peer attempts mirrored into "
+                                   "this process's routing state and not ended yet", registry=r,
+                                   multiprocess_mode="livesum")
+        self.peer_expired = Counter(p + "peer_attempts_expired_total", "Mirrored attempts "
+                                    "ended by their TTL or by their peer's silence", registry=r)
+        self.peer_lag = Histogram(p + "peer_mirror_lag_seconds", "From a peer event's "
+                                  "publication (the peer's wall clock) to its application here",
+                                  buckets=KV_LAG_BUCKETS, registry=r)
+        self._peer_sent = {k: self.peer_sent.labels(k) for k in _PEER_KINDS}
+        self._peer_received = {(k, a): self.peer_received.labels(k, a)
+                               for k in _PEER_KINDS for a in ("true", "false")}
         self._kv_types: dict[tuple[str, str], Counter] = {}
         self._cached: dict[str, tuple[Counter, Counter, Counter]] = {}
         self._keys = DistinctKeys()
@@ -296,6 +321,20 @@ class RouterMetrics:
             with contextlib.suppress(KeyError):
                 family.remove(replica)
         self._kv_types = {k: v for k, v in self._kv_types.items() if k[0] != replica}
+
+    def peer_event_sent(self, kind: str) -> None:
+        self._peer_sent[kind].inc()
+
+    def peer_event_received(self, kind: str, applied: bool, lag: float) -> None:
+        self._peer_received[kind, "true" if applied else "false"].inc()
+        self.peer_lag.observe(max(0.0, lag))
+
+    def peer_status(self, connected: int, open_attempts: int, expired: int) -> None:
+        """The heartbeat's view: live peers, mirrored attempts open, newly expired ones."""
+        self.peer_connected.set(connected)
+        self.peer_attempts.set(open_attempts)
+        if expired:
+            self.peer_expired.inc(expired)
 
     def scraped_load(self, replica: str, running: float, waiting: float, kv_usage: float) -> None:
         self.scraped.labels(replica, "running").set(running)

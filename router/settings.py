@@ -30,7 +30,7 @@ import yaml
 __all__ = [
     "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
     "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery",
-    "KvEventsSettings", "LOG_LEVELS",
+    "KvEventsSettings", "LOG_LEVELS", "PeersSettings",
     "LimitsSettings", "Listen", "LoggingSettings", "POLICIES", "ProxySettings", "RINGS",
     "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV", "ScrapeSettings", "Settings",
     "SettingsError", "ShutdownSettings", "TracingSettings", "load_settings", "parse_backend",
@@ -306,6 +306,55 @@ class KvEventsSettings:
                    retry_max=r.number("retry_max", cls.retry_max, gt=0))
 
 
+def _peer_endpoint(v: object) -> bool:
+    return v is not None and _zmq_ok(v)
+
+
+@dataclass(frozen=True)
+class PeersSettings:
+    """`routing.peers`: share in-flight routing state with the other router processes
+    (`router.peers`, needs the `kv` extra). This process publishes its attempts on a ZMQ PUB
+    socket bound to ``bind`` or, when that is null, to ``tcp://<host>:<port>`` - with
+    ``workers`` > 1 each worker takes the first free port of ``port .. port + workers - 1`` and
+    subscribes to the others at ``127.0.0.1`` (``host`` when it is a specific address). It
+    subscribes to every entry of ``endpoints`` and, when ``dns`` names a host (a Kubernetes
+    headless Service), to each of its addresses at those ports, resolved every
+    ``dns_interval`` seconds. ``heartbeat``: seconds between this process's hello messages;
+    ``timeout``: a peer silent this long loses its mirrored attempts; ``ttl``: a mirrored
+    attempt ends by itself this long after its start."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = 5570
+    bind: str | None = None
+    endpoints: tuple[str, ...] = ()
+    dns: str | None = None
+    dns_interval: float = 5.0
+    heartbeat: float = 1.0
+    timeout: float = 5.0
+    ttl: float = 30.0
+
+    @classmethod
+    def parse(cls, r: _Reader) -> PeersSettings:
+        s = cls(enabled=r.boolean("enabled", cls.enabled),
+                host=r.string("host", cls.host),
+                port=r.integer("port", cls.port, 1, 65535),
+                bind=r.check("bind", None, _ZMQ_DESC, _zmq_ok),
+                endpoints=r.check("endpoints", [], "a list of ZMQ endpoints like "
+                                  "'tcp://host:port' or 'ipc:///path'",
+                                  lambda v: isinstance(v, list | tuple)
+                                  and all(_peer_endpoint(e) for e in v), tuple),
+                dns=r.opt_string("dns"),
+                dns_interval=r.number("dns_interval", cls.dns_interval, gt=0),
+                heartbeat=r.number("heartbeat", cls.heartbeat, gt=0),
+                timeout=r.number("timeout", cls.timeout, gt=0),
+                ttl=r.number("ttl", cls.ttl, gt=0))
+        if s.timeout <= s.heartbeat:
+            raise SettingsError(f"{r.key('timeout')}: expected a number > heartbeat "
+                                f"({s.heartbeat:g}), got {s.timeout!r}")
+        return s
+
+
 @dataclass(frozen=True)
 class RoutingSettings:
     policy: str = "cache_aware"
@@ -343,6 +392,8 @@ class RoutingSettings:
     # precise routing from the replicas' KV-cache events (cache_aware only): the files the
     # router renders and tokenises requests with, exactly as the replicas' vLLM does
     kv_events: KvEventsSettings = field(default_factory=KvEventsSettings)
+    # several router processes: each one's in-flight requests mirrored into the others'
+    peers: PeersSettings = field(default_factory=PeersSettings)
     tokenizer: str | None = None  # a tokenizer.json (or its directory); null: the default one
     chat_template: str | None = None  # null: the tokenizer's bundled template, else ChatML
 
@@ -392,6 +443,7 @@ class RoutingSettings:
                 share_slack=r.number("share_slack", cls.share_slack, ge=0),
                 share_window=r.number("share_window", cls.share_window, ge=1),
                 kv_events=_section(r, "kv_events", KvEventsSettings),
+                peers=_section(r, "peers", PeersSettings),
                 tokenizer=r.opt_string("tokenizer"),
                 chat_template=r.opt_string("chat_template"))
         if s.kv_events.enabled and s.policy != "cache_aware":
@@ -643,6 +695,13 @@ class Settings:
         workers = root.integer("workers", 1, 1, 64)
         replicas = _parse_replicas(root.raw("replicas", None))
         root.done()
+        peers = sections["routing"].peers
+        if peers.enabled and workers > 1 and peers.bind is not None:
+            raise SettingsError(f"routing.peers.bind: with workers > 1 every worker binds its "
+                                f"own port (host, port), got {peers.bind!r}")
+        if peers.port + workers - 1 > 65535:
+            raise SettingsError(f"routing.peers.port: expected a port <= {65536 - workers} "
+                                f"with {workers} workers, got {peers.port!r}")
         return cls(workers=workers, replicas=replicas, **sections)
 
     def to_dict(self) -> dict[str, Any]:
@@ -681,6 +740,9 @@ class Settings:
             raise SettingsError("replicas: static discovery needs at least one replica, got []")
         if self.routing.kv_events.enabled and not _kv_installed():
             raise SettingsError("routing.kv_events.enabled: true needs the kv extra "
+                                "(pip install 'prefix-router[kv]'), got True")
+        if self.routing.peers.enabled and not _kv_installed():
+            raise SettingsError("routing.peers.enabled: true needs the kv extra "
                                 "(pip install 'prefix-router[kv]'), got True")
         if self.tracing.enabled and not _otel_installed():
             raise SettingsError("tracing.enabled: true needs the otel extra "

@@ -197,7 +197,8 @@ def test_multi_model_example_has_one_service_per_model_and_the_router_selects_th
     k8s = settings.discovery.kubernetes
     assert k8s.selector is not None
     wanted = dict(part.split("=", 1) for part in k8s.selector.split(","))
-    services = [o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] != "prefix-router"]
+    services = [o for o in objs if o["kind"] == "Service" and o["metadata"]["name"]
+                not in ("prefix-router", "prefix-router-peers")]
     sets = {o["spec"]["serviceName"]: o for o in objs if o["kind"] == "StatefulSet"}
     models = set()
     for svc in services:
@@ -282,3 +283,24 @@ def test_tracing_example_wires_router_and_vllm_to_the_collector() -> None:
     rule = next(r for r in egress if "to" in r and r["to"][0].get("podSelector", {}).get(
         "matchLabels") == {"app.kubernetes.io/name": "otel-collector"})
     assert rule["ports"] == [{"port": ports["http"], "protocol": "TCP"}]
+
+
+def test_router_pods_reach_each_other_as_peers(tree: tuple[str, list[dict[str, Any]]]) -> None:
+    # routing.peers.dns names a headless Service over the router pods, on the port each binds
+    objs = tree[1]
+    _, settings = router_config(objs)
+    peers = settings.routing.peers
+    assert peers.enabled and peers.host == "0.0.0.0" and settings.workers == 1
+    svc = find(objs, "Service", peers.dns)
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
+    labels = router_pod(objs)["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in svc["spec"]["selector"].items())
+    (c,) = router_pod(objs)["spec"]["containers"]
+    port = next(p for p in c["ports"] if p["name"] == "peers")
+    assert port["containerPort"] == peers.port
+    assert [p["port"] for p in svc["spec"]["ports"]] == [peers.port]
+    policy = find(objs, "NetworkPolicy", "prefix-router")["spec"]
+    for rules, side in ((policy["ingress"], "from"), (policy["egress"], "to")):
+        assert any(r.get(side) == [{"podSelector": {"matchLabels": {
+            "app.kubernetes.io/name": "prefix-router"}}}] and
+            r["ports"] == [{"port": peers.port, "protocol": "TCP"}] for r in rules), side

@@ -102,12 +102,14 @@ PINNED: dict[str, list[str]] = {
         "NGINX_MAX_SKIPS", "NginxRing", "POINTS_PER_WEIGHT", "key_bytes", "split_server"
     ],
     "router.peers": ["Outbox", "PeerEvent", "PeerState"],
+    "router.peers.service": ["PeerService", "bind_endpoints", "peer_endpoints"],
     "router.peers.state": ["KINDS", "Outbox", "PeerEvent", "PeerState"],
+    "router.peers.wire": ["VERSION", "WireError", "decode", "encode"],
     "router.routing": ["AttemptSink", "ExactKeys", "RecentLoad", "Routed", "Router"],
     "router.settings": [
         "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
         "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery",
-        "KvEventsSettings", "LOG_LEVELS", "LimitsSettings", "Listen", "LoggingSettings", "POLICIES", "ProxySettings",
+        "KvEventsSettings", "LOG_LEVELS", "LimitsSettings", "Listen", "LoggingSettings", "POLICIES", "PeersSettings", "ProxySettings",
         "RINGS", "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV", "ScrapeSettings",
         "Settings", "SettingsError", "ShutdownSettings", "TracingSettings", "load_settings",
         "parse_backend", "parse_size", "settings_from_env", "write_settings_file"

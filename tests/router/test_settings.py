@@ -122,6 +122,20 @@ def test_full_document_parses() -> None:
     ({"tracing": {"sample_ratio": True}}, "tracing.sample_ratio: expected a number in [0, 1] or null, got True"),
     ({"tracing": {"service_name": ""}}, "tracing.service_name: expected a non-empty string or null, got ''"),
     ({"tracing": {"exporter": "otlp"}}, "tracing.exporter: unknown key (value 'otlp')"),
+    # routing.peers
+    ({"routing": {"peers": {"enabled": 1}}}, "routing.peers.enabled: expected true or false, got 1"),
+    ({"routing": {"peers": {"port": 0}}}, "routing.peers.port: expected an integer in [1, 65535], got 0"),
+    ({"routing": {"peers": {"endpoints": "tcp://a:1"}}}, "routing.peers.endpoints: expected a list of ZMQ endpoints"),
+    ({"routing": {"peers": {"endpoints": ["a:1"]}}}, "routing.peers.endpoints: expected a list of ZMQ endpoints like 'tcp://host:port' or 'ipc:///path', got ['a:1']"),
+    ({"routing": {"peers": {"endpoints": ["tcp://a"]}}}, "routing.peers.endpoints: expected a list of ZMQ endpoints"),  # no port
+    ({"routing": {"peers": {"bind": "http://0.0.0.0:5570"}}}, "routing.peers.bind: expected a ZMQ endpoint"),
+    ({"routing": {"peers": {"dns": ""}}}, "routing.peers.dns: expected a non-empty string or null, got ''"),
+    ({"routing": {"peers": {"dns_interval": 0}}}, "routing.peers.dns_interval: expected a number > 0, got 0"),
+    ({"routing": {"peers": {"heartbeat": 2, "timeout": 2}}}, "routing.peers.timeout: expected a number > heartbeat (2), got 2.0"),
+    ({"routing": {"peers": {"ttl": -1}}}, "routing.peers.ttl: expected a number > 0, got -1"),
+    ({"routing": {"peers": {"peers": []}}}, "routing.peers.peers: unknown key (value [])"),
+    ({"workers": 2, "routing": {"peers": {"enabled": True, "bind": "ipc:///tmp/p"}}}, "routing.peers.bind: with workers > 1 every worker binds its own port (host, port), got 'ipc:///tmp/p'"),
+    ({"workers": 4, "routing": {"peers": {"port": 65533}}}, "routing.peers.port: expected a port <= 65532 with 4 workers, got 65533"),
 ])
 def test_errors_name_key_and_value(doc: dict[str, Any], message: str) -> None:
     with pytest.raises(SettingsError) as err:
@@ -218,3 +232,25 @@ def test_tracing_needs_the_otel_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SettingsError, match=r"tracing.enabled: true needs the otel extra"):
         s.check_runnable()
     Settings.from_dict({"replicas": ONE}).check_runnable()  # off: the extra is not needed
+
+
+def test_peers_defaults_and_a_full_section() -> None:
+    p = Settings.from_dict({}).routing.peers
+    assert (p.enabled, p.host, p.port, p.bind, p.endpoints, p.dns) == \
+        (False, "127.0.0.1", 5570, None, (), None)
+    assert (p.dns_interval, p.heartbeat, p.timeout, p.ttl) == (5.0, 1.0, 5.0, 30.0)
+    s = Settings.from_dict({"replicas": ONE, "workers": 2, "routing": {"peers": {
+        "enabled": True, "host": "0.0.0.0", "port": 6000, "endpoints": ["tcp://10.0.0.2:6000",
+                                                                         "ipc:///run/p.sock"],
+        "dns": "router-peers.default.svc", "dns_interval": 2, "heartbeat": 0.5, "timeout": 3,
+        "ttl": 20}}})
+    p = s.routing.peers
+    assert p.endpoints == ("tcp://10.0.0.2:6000", "ipc:///run/p.sock") and p.timeout == 3.0
+    assert Settings.from_dict(json.loads(s.to_json())) == s  # reaches uvicorn workers intact
+
+
+def test_peers_need_the_kv_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = Settings.from_dict({"replicas": ONE, "routing": {"peers": {"enabled": True}}})
+    monkeypatch.setattr("router.settings._kv_installed", lambda: False)
+    with pytest.raises(SettingsError, match=r"routing.peers.enabled: true needs the kv extra"):
+        s.check_runnable()
