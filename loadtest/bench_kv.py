@@ -42,6 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from loadtest.ceiling import fleet_ceiling
 from loadtest.cells import WORKLOADS, BenchWorkload, cell_requests
 from loadtest.compare import FleetParams, machine_info, metrics_text, plan_for, setup_on_fleet
 from loadtest.doc_blocks import replace_block
@@ -99,7 +100,11 @@ def run_cell(w: BenchWorkload, setups: list[str], workdir: Path, seed: int,
     plan = Plan("http://unused", rate=w.rate, max_requests=len(reqs), max_time=120.0)
     cell: dict[str, Any] = {"workload": meta, "fleet": {"replicas": w.fleet.replicas,
                                                         "kv_blocks": w.fleet.kv_blocks},
-                            "setups": {}, "failed": {}}
+                            "setups": {}, "failed": {},
+                            "ceiling": fleet_ceiling(reqs, w.fleet.replicas, w.fleet.kv_blocks,
+                                                     w.fleet.block_size).to_json()}
+    print(f"[{w.name}] one-cache ceiling: hit {cell['ceiling']['hit_rate']:.3f}",
+          file=sys.stderr, flush=True)
     for name in setups:
         setup = parse_setup(name)
         if setup.unavailable():
@@ -158,17 +163,22 @@ def render(data: dict[str, Any]) -> str:
                      f"{wl.get('user_tokens', 0):,}-token questions, "
                      f"{wl.get('max_tokens', 16)} output tokens"
                      if key == "cache-pressure" else "") + ")", "",
-                  "| setup | hit rate | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | output tok/s "
-                  "| router CPU µs/req | predicted / reported |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| setup | hit rate | of ceiling | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms "
+                  "| output tok/s | router CPU µs/req | predicted / reported |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        ceiling = (cell.get("ceiling") or {}).get("hit_rate")
+        if ceiling is not None:
+            lines.insert(-2, f"One-cache ceiling (the same requests through one LRU cache of "
+                             f"the fleet's total capacity, `loadtest.ceiling`): {ceiling:.1%}.\n")
         for name, r in cell["setups"].items():
             pr = (f"{r['predicted'] / r['reported']:.3f}" if r.get("reported") else "-")
-            lines.append(f"| {name} | {r['hit_rate']:.1%} | {_ms(r['ttft']['p50'])} | "
+            of = f"{r['hit_rate'] / ceiling:.2f}" if ceiling else "-"
+            lines.append(f"| {name} | {r['hit_rate']:.1%} | {of} | {_ms(r['ttft']['p50'])} | "
                          f"{_ms(r['ttft']['p90'])} | {_ms(r['ttft']['p99'])} | "
                          f"{r['output_token_throughput']:,.0f} | "
                          f"{r['router_cpu_per_request_us']:,.0f} | {pr} |")
         for name, why in cell["failed"].items():
-            lines.append(f"| {name} | failed: {why} | | | | | | |")
+            lines.append(f"| {name} | failed: {why} | | | | | | | |")
         lines.append("")
     lines += data.get("verdicts", []) + ["", f"<!-- {BLOCK}:end -->", ""]
     return "\n".join(lines)
@@ -184,6 +194,13 @@ def verdicts(data: dict[str, Any]) -> list[str]:
         out.append(f"- cache-pressure: precise TTFT p90 {ratio:.2f}x sglang-router's (target "
                    f"<= 0.5: {'met' if ratio <= 0.5 else 'not met'}), hit rate "
                    f"{gain:+.1f} points (target >= +5: {'met' if gain >= 5 else 'not met'}).")
+        ceiling = (data["cells"]["cache-pressure"].get("ceiling") or {}).get("hit_rate")
+        if ceiling is not None:
+            room = (ceiling - sg["hit_rate"]) * 100
+            out.append(f"- cache-pressure one-cache ceiling {ceiling:.1%}: {room:+.1f} points from "
+                       f"sglang-router's hit rate"
+                       + (" - no placement gains the target's 5 points here." if room < 5
+                          else "."))
     for key, cell in data["cells"].items():
         s = cell["setups"]
         a, p = s.get("router-cache_aware"), s.get("router-cache_aware+kv")
