@@ -15,7 +15,8 @@ replica publishing KV events - for every setup, so they all pay the publisher's 
 
 Setups, each in front of a fresh fleet: ``router-cache_aware+kv`` (precise), ``router-
 cache_aware`` (approximate), ``router-prefix``, ``router-round_robin``, ``sglang-cache_aware``;
-on cache-pressure also 1, 2 and 4 precise router processes behind the round-robin splitter and
+on cache-pressure also 1, 2 and 4 precise router processes behind the round-robin splitter, 2
+and 4 of them sharing in-flight state (``+peers``: ``routing.peers`` over ipc sockets) and
 sglang-router x2. Per run: the fleet's own hit rate (token counters), the client's TTFT, the
 router processes' CPU seconds per request (/proc schedstat of their PIDs) and, for the router,
 its predicted and the replicas' reported cached tokens (its /metrics).
@@ -64,6 +65,7 @@ BLOCK = "kv-events"
 SETUPS = ("router-cache_aware+kv", "router-cache_aware", "router-prefix", "router-round_robin",
           "sglang-cache_aware")
 SPLIT = ("router-cache_aware-x1+kv", "router-cache_aware-x2+kv", "router-cache_aware-x4+kv",
+         "router-cache_aware-x2+kv+peers", "router-cache_aware-x4+kv+peers",
          "sglang-cache_aware-x2")
 # llm-d's precise-prefix benchmark (16 H100s as 8 vLLM pods of 2, 150 groups of ~6k-token
 # shared prefixes, a ~1.2k-token question per request) scaled to 4 replicas: the same ~19
@@ -210,11 +212,14 @@ def verdicts(data: dict[str, Any]) -> list[str]:
                        f"{_ms(a['ttft']['p90'])} ms.")
     one = cp.get("router-cache_aware-x1+kv")
     for n in (2, 4):
-        many = cp.get(f"router-cache_aware-x{n}+kv")
-        if one and many:
-            d = (many["hit_rate"] - one["hit_rate"]) * 100
-            out.append(f"- {n} precise routers behind the splitter: hit rate {d:+.1f} points vs "
-                       f"one (target: within 1: {'met' if abs(d) <= 1 else 'not met'}).")
+        for suffix, how in (("", ""), ("+peers", " sharing in-flight state (routing.peers)")):
+            many = cp.get(f"router-cache_aware-x{n}+kv{suffix}")
+            if one and many:
+                d = (many["hit_rate"] - one["hit_rate"]) * 100
+                out.append(f"- {n} precise routers{how} behind the splitter: hit rate {d:+.1f} "
+                           f"points vs one (target: within 1: "
+                           f"{'met' if abs(d) <= 1 else 'not met'}), TTFT p90 "
+                           f"{_ms(many['ttft']['p90'])} vs {_ms(one['ttft']['p90'])} ms.")
     sg2 = cp.get("sglang-cache_aware-x2")
     if sg and sg2:
         out.append(f"- sglang-router x2: hit rate {(sg2['hit_rate'] - sg['hit_rate']) * 100:+.1f} "

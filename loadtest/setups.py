@@ -9,6 +9,8 @@ the PID it started, waits, then SIGKILLs. Every listener binds 127.0.0.1 only.
   access log off, log level warning; ready when ``GET /ready`` is 200. Variants:
   ``router-<policy>+kv`` turns precise routing on (``routing.kv_events``, each replica's
   endpoints from the fleet: ``(name, url, events, replay)`` replicas, topic ``kv``);
+  ``router-<policy>+peers`` turns ``routing.peers`` on; behind the splitter (``-x<N>+peers``)
+  every process binds an ``ipc://`` socket in ``workdir`` and subscribes to the others';
   ``router-<policy>+tracing`` turns `tracing` on, exporting to a `loadtest.otlp_sink` process
   the setup starts and stops with it (its CPU is not the router's);
   ``router-<policy>@<dir>`` runs the ``router`` package found in ``<dir>`` (another commit's
@@ -90,6 +92,7 @@ class Setup:
     tracing: bool = False  # router only: OpenTelemetry traces on, to an OTLP sink
     source: str | None = None  # router only: a directory holding the router package to run
     kv: bool = False  # router only: routing.kv_events on (precise routing from KV events)
+    peers: bool = False  # router only: routing.peers on (in-flight state shared between -xN)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -100,8 +103,8 @@ class Setup:
                                  "several processes")
             if self.processes < 1:
                 raise ValueError(f"setup processes: expected >= 1, got {self.processes}")
-        if (self.tracing or self.source or self.kv) and self.kind != "router":
-            raise ValueError(f"setup {self.kind}: +tracing, +kv and @source are router "
+        if (self.tracing or self.source or self.kv or self.peers) and self.kind != "router":
+            raise ValueError(f"setup {self.kind}: +tracing, +kv, +peers and @source are router "
                              "variants")
 
     @property
@@ -113,6 +116,8 @@ class Setup:
             name += "+tracing"
         if self.kv:
             name += "+kv"
+        if self.peers:
+            name += "+peers"
         if self.source:
             name += "@" + Path(self.source).name
         return name
@@ -120,7 +125,8 @@ class Setup:
     @property
     def single(self) -> Setup:
         """One process of this setup, without the splitter."""
-        return Setup(self.kind, self.policy, tracing=self.tracing, source=self.source, kv=self.kv)
+        return Setup(self.kind, self.policy, tracing=self.tracing, source=self.source, kv=self.kv,
+                     peers=self.peers)
 
     @property
     def prefix_hash_header(self) -> str | None:
@@ -146,14 +152,15 @@ def parse_setup(text: str) -> Setup:
     router variants ``+tracing`` and ``@/path/to/tree`` (``router-prefix-x2+tracing@/tmp/t``)."""
     text, _, source = text.partition("@")
     text, *variants = text.split("+")
-    if any(v not in ("tracing", "kv") for v in variants):
-        raise ValueError(f"setup variant: expected +tracing or +kv, got {text}+{'+'.join(variants)}")
+    if any(v not in ("tracing", "kv", "peers") for v in variants):
+        raise ValueError(f"setup variant: expected +tracing, +kv or +peers, got "
+                         f"{text}+{'+'.join(variants)}")
     processes = None
     if m := _PROCESSES.search(text):
         processes, text = int(m.group(1)), text[: m.start()]
     kind, _, policy = text.partition("-")
     return Setup(kind, policy, processes, tracing="tracing" in variants, source=source or None,
-                 kv="kv" in variants)
+                 kv="kv" in variants, peers="peers" in variants)
 
 
 def _nginx_binary() -> str | None:
@@ -292,8 +299,12 @@ def _router_settings(replicas: Sequence[Replica], policy: str, ring: str, port: 
     }
 
 
+# routing.peers of one process behind the splitter: (its bind endpoint, the others')
+PeerLinks = tuple[str, tuple[str, ...]]
+
+
 def _launch_router(setup: Setup, replicas: Sequence[Replica], workdir: Path, port: int,
-                   log: Path) -> Launched:
+                   log: Path, peers: PeerLinks | None = None) -> Launched:
     import yaml
 
     settings = _router_settings(replicas, setup.policy or "prefix", "xxhash", port)
@@ -313,6 +324,10 @@ def _launch_router(setup: Setup, replicas: Sequence[Replica], workdir: Path, por
             entry["kv_replay_endpoint"] = r[3]
         settings["routing"]["kv_events"] = {"enabled": True,  # type: ignore[index]
                                             "topic": "kv"}
+    if setup.peers:
+        bind, others = peers or (f"ipc://{workdir.resolve()}/peer.sock", ())
+        settings["routing"]["peers"] = {"enabled": True, "bind": bind,  # type: ignore[index]
+                                        "endpoints": list(others)}
     env, cwd = None, None
     if setup.source:  # its router package first on the path; cwd without one of ours
         env = {**os.environ, "PYTHONPATH": str(Path(setup.source).resolve())}
@@ -382,7 +397,8 @@ def _launch_rust(setup: Setup, replicas: Sequence[Replica], workdir: Path, port:
 
 
 def launch(setup: Setup, replicas: Sequence[Replica], workdir: Path,
-           port: int | None = None, attempts: int = 3) -> Launched:
+           port: int | None = None, attempts: int = 3,
+           peers: PeerLinks | None = None) -> Launched:
     """Start ``setup`` in front of ``replicas`` and return once it routes.
 
     A free port can be taken by another process between `free_port` and the bind (a shared
@@ -390,7 +406,7 @@ def launch(setup: Setup, replicas: Sequence[Replica], workdir: Path,
     """
     for attempt in range(attempts):
         try:
-            return _launch_once(setup, replicas, workdir, port)
+            return _launch_once(setup, replicas, workdir, port, peers)
         except SetupError as exc:
             if port is not None or attempt == attempts - 1 or "in use" not in str(exc):
                 raise
@@ -398,7 +414,7 @@ def launch(setup: Setup, replicas: Sequence[Replica], workdir: Path,
 
 
 def _launch_once(setup: Setup, replicas: Sequence[Replica], workdir: Path,
-                 port: int | None) -> Launched:
+                 port: int | None, peers: PeerLinks | None = None) -> Launched:
     reason = setup.unavailable()
     if reason:
         raise SetupError(f"{setup.name}: {reason}")
@@ -410,7 +426,7 @@ def _launch_once(setup: Setup, replicas: Sequence[Replica], workdir: Path,
     port = port or free_port()
     log = workdir / f"{setup.name}.log"
     if setup.kind == "router":
-        return _launch_router(setup, replicas, workdir, port, log)
+        return _launch_router(setup, replicas, workdir, port, log, peers)
     if setup.kind == "nginx":
         return _launch_nginx(setup, replicas, workdir, port, log)
     if setup.kind == "passthrough":
@@ -432,10 +448,18 @@ def _launch_split(setup: Setup, replicas: Sequence[Replica], workdir: Path,
     """``setup.processes`` independent processes of ``setup.single``, then the splitter."""
     assert setup.processes is not None
     parts: list[Launched] = []
+    n = setup.processes
+    links: list[PeerLinks | None] = [None] * n
+    if setup.peers:  # ipc sockets: no port to race for; short paths (sun_path holds 107 bytes)
+        sockets = workdir.resolve() / "peers"
+        sockets.mkdir(parents=True, exist_ok=True)
+        ends = [f"ipc://{sockets}/{i}.sock" for i in range(n)]
+        links = [(ends[i], tuple(e for e in ends if e != ends[i])) for i in range(n)]
     try:
-        with ThreadPoolExecutor(setup.processes) as pool:  # start them side by side
-            futures = [pool.submit(launch, setup.single, replicas, workdir / f"{setup.name}-{i}")
-                       for i in range(setup.processes)]
+        with ThreadPoolExecutor(n) as pool:  # start them side by side
+            futures = [pool.submit(launch, setup.single, replicas, workdir / f"{setup.name}-{i}",
+                                   peers=links[i])
+                       for i in range(n)]
             for f in futures:
                 with contextlib.suppress(Exception):  # collect every started one first
                     parts.append(f.result())

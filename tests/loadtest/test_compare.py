@@ -134,7 +134,11 @@ def test_parse_setup_with_processes() -> None:
     assert s.single == Setup("router", "cache_aware") and s.single.name == "router-cache_aware"
     assert parse_setup("sglang-cache_aware-x1").name == "sglang-cache_aware-x1"
     assert parse_setup("router-least_loaded").processes is None
-    for bad in ("nginx-x2", "router-prefix-x0"):
+    peers = parse_setup("router-cache_aware-x4+kv+peers")
+    assert (peers.processes, peers.kv, peers.peers, peers.name) == (
+        4, True, True, "router-cache_aware-x4+kv+peers")
+    assert peers.single == Setup("router", "cache_aware", kv=True, peers=True)
+    for bad in ("nginx-x2", "router-prefix-x0", "sglang-cache_aware-x2+peers"):
         with pytest.raises(ValueError):
             parse_setup(bad)
 
@@ -156,3 +160,30 @@ def test_router_processes_behind_the_splitter_share_the_traffic(tmp_path: Path) 
         assert sum(decided) == 20 and min(decided) >= 1  # both processes routed some
         # stop() stopped every process it started: the splitter and both routers
         assert [p.proc.poll() is not None for p in (split, *split.parts) if p.proc] == [True] * 3
+
+
+@pytest.mark.slow
+def test_router_processes_with_peers_mirror_each_others_requests(tmp_path: Path) -> None:
+    from loadtest.fleet import Fleet
+    from loadtest.setups import launch
+
+    with Fleet(replicas=2, instant=True) as fleet:
+        replicas = list(zip(fleet.names, fleet.urls, strict=True))
+        with launch(parse_setup("router-cache_aware-x2+peers"), replicas, tmp_path) as split:
+            reqs = generate(_spec(0))[:20]
+            res = run(Plan(split.url, concurrency=4, max_requests=20, max_time=60.0,
+                           replica_urls=tuple(fleet.urls)), reqs)
+            starts = [_sample(u, "prefix_router_peer_events_received_total", 'type="start"')
+                      for u in split.urls]
+        assert res.summary()["ok"] == 20
+        # each process received the other's dispatches over its ipc socket
+        assert min(starts) >= 1 and sum(starts) <= 20, starts
+
+
+def _sample(url: str, name: str, label: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") and label in line)
