@@ -97,7 +97,9 @@ def _pids(launched: Launched) -> list[int]:
 def run_cell(w: BenchWorkload, setups: list[str], workdir: Path, seed: int,
              tokenizer_dir: Path) -> dict[str, Any]:
     reqs, meta = cell_requests(w, seed, workdir / w.name)
-    plan = Plan("http://unused", rate=w.rate, max_requests=len(reqs), max_time=120.0)
+    # the arrivals' span plus room for the queue to drain (240 requests at 6/s: 120 s)
+    plan = Plan("http://unused", rate=w.rate, max_requests=len(reqs),
+                max_time=max(120.0, 1.5 * len(reqs) / w.rate))
     cell: dict[str, Any] = {"workload": meta, "fleet": {"replicas": w.fleet.replicas,
                                                         "kv_blocks": w.fleet.kv_blocks},
                             "setups": {}, "failed": {},
@@ -308,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cells", default=",".join(("cache-pressure", *OTHERS)))
     ap.add_argument("--setups", help="comma-separated setups to run instead of the default ones "
                     "(e.g. router-cache_aware-x1+kv,router-cache_aware-x4+kv)")
+    ap.add_argument("--requests", type=int, help="requests on cache-pressure instead of its "
+                    f"{CACHE_PRESSURE.requests} (a longer run, same rate: nearer a steady state)")
     ap.add_argument("--simulate", action="store_true",
                     help="the cache-pressure cells in the simulator instead (block "
                          f"{SIM_BLOCK}; no HTTP, virtual time)")
@@ -325,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     cells: list[BenchWorkload] = []
     for name in names:
         if name == "cache-pressure":
-            cells.append(CACHE_PRESSURE)
+            cells.append(replace(CACHE_PRESSURE, requests=args.requests or
+                                 CACHE_PRESSURE.requests))
         else:
             w = next(w for w in WORKLOADS if w.name == name)
             cells.append(replace(w, fleet=replace(w.fleet, kv_events=True)))
