@@ -42,6 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from loadtest.ceiling import fleet_ceiling
 from loadtest.cells import WORKLOADS, BenchWorkload, cell_requests
 from loadtest.compare import FleetParams, machine_info, metrics_text, plan_for, setup_on_fleet
 from loadtest.doc_blocks import replace_block
@@ -55,11 +56,13 @@ from loadtest.setups import (
     tiny_tokenizer_dir,
 )
 
-__all__ = ["BLOCK", "CACHE_PRESSURE", "SETUPS", "SIM_BLOCK", "SPLIT", "cached_counters", "main",
-           "render", "render_simulated", "run_simulated"]
+__all__ = ["BLOCK", "CACHE_PRESSURE", "SETUPS", "SIM_BLOCK", "SPLIT", "STEADY_BLOCK",
+           "cached_counters", "main", "render", "render_simulated", "run_simulated", "shown_args"]
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = "kv-events"
+# `--requests N --block STEADY_BLOCK`: a longer cache-pressure run, kept beside the default one
+STEADY_BLOCK = "kv-events-steady"
 SETUPS = ("router-cache_aware+kv", "router-cache_aware", "router-prefix", "router-round_robin",
           "sglang-cache_aware")
 SPLIT = ("router-cache_aware-x1+kv", "router-cache_aware-x2+kv", "router-cache_aware-x4+kv",
@@ -96,10 +99,16 @@ def _pids(launched: Launched) -> list[int]:
 def run_cell(w: BenchWorkload, setups: list[str], workdir: Path, seed: int,
              tokenizer_dir: Path) -> dict[str, Any]:
     reqs, meta = cell_requests(w, seed, workdir / w.name)
-    plan = Plan("http://unused", rate=w.rate, max_requests=len(reqs), max_time=120.0)
+    # the arrivals' span plus room for the queue to drain (240 requests at 6/s: 120 s)
+    plan = Plan("http://unused", rate=w.rate, max_requests=len(reqs),
+                max_time=max(120.0, 1.5 * len(reqs) / w.rate))
     cell: dict[str, Any] = {"workload": meta, "fleet": {"replicas": w.fleet.replicas,
                                                         "kv_blocks": w.fleet.kv_blocks},
-                            "setups": {}, "failed": {}}
+                            "setups": {}, "failed": {},
+                            "ceiling": fleet_ceiling(reqs, w.fleet.replicas, w.fleet.kv_blocks,
+                                                     w.fleet.block_size).to_json()}
+    print(f"[{w.name}] one-cache ceiling: hit {cell['ceiling']['hit_rate']:.3f}",
+          file=sys.stderr, flush=True)
     for name in setups:
         setup = parse_setup(name)
         if setup.unavailable():
@@ -138,10 +147,13 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:,.0f}"
 
 
-def render(data: dict[str, Any]) -> str:
+def render(data: dict[str, Any], block: str = BLOCK) -> str:
+    """The page block ``block`` (`--block`; the default run's, or a longer run's beside it)."""
     m = data["machine"]
-    lines = [f"<!-- {BLOCK}:begin -->", "## Precise routing from KV events", "",
-             f"`python -m loadtest.bench_kv` at {m['commit']}, {m['date']}, {m['nproc']} cores, one "
+    title = "Precise routing from KV events" + ("" if block == BLOCK else f" ({block})")
+    lines = [f"<!-- {block}:begin -->", f"## {title}", "",
+             f"`python -m loadtest.bench_kv {data.get('argv', '')}`".replace(" `", "`")
+             + f" at {m['commit']}, {m['date']}, {m['nproc']} cores, one "
              "run, every setup on a fresh fleet of 4 simulated replicas that publish vLLM's KV "
              "events (blocks of 16 tokens; per replica 4,700 on cache-pressure, 1,024 on rag, "
              "768 on the others). `router-cache_aware+kv` is "
@@ -158,19 +170,24 @@ def render(data: dict[str, Any]) -> str:
                      f"{wl.get('user_tokens', 0):,}-token questions, "
                      f"{wl.get('max_tokens', 16)} output tokens"
                      if key == "cache-pressure" else "") + ")", "",
-                  "| setup | hit rate | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | output tok/s "
-                  "| router CPU µs/req | predicted / reported |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| setup | hit rate | of ceiling | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms "
+                  "| output tok/s | router CPU µs/req | predicted / reported |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        ceiling = (cell.get("ceiling") or {}).get("hit_rate")
+        if ceiling is not None:
+            lines.insert(-2, f"One-cache ceiling (the same requests through one LRU cache of "
+                             f"the fleet's total capacity, `loadtest.ceiling`): {ceiling:.1%}.\n")
         for name, r in cell["setups"].items():
             pr = (f"{r['predicted'] / r['reported']:.3f}" if r.get("reported") else "-")
-            lines.append(f"| {name} | {r['hit_rate']:.1%} | {_ms(r['ttft']['p50'])} | "
+            of = f"{r['hit_rate'] / ceiling:.2f}" if ceiling else "-"
+            lines.append(f"| {name} | {r['hit_rate']:.1%} | {of} | {_ms(r['ttft']['p50'])} | "
                          f"{_ms(r['ttft']['p90'])} | {_ms(r['ttft']['p99'])} | "
                          f"{r['output_token_throughput']:,.0f} | "
                          f"{r['router_cpu_per_request_us']:,.0f} | {pr} |")
         for name, why in cell["failed"].items():
-            lines.append(f"| {name} | failed: {why} | | | | | | |")
+            lines.append(f"| {name} | failed: {why} | | | | | | | |")
         lines.append("")
-    lines += data.get("verdicts", []) + ["", f"<!-- {BLOCK}:end -->", ""]
+    lines += data.get("verdicts", []) + ["", f"<!-- {block}:end -->", ""]
     return "\n".join(lines)
 
 
@@ -184,6 +201,13 @@ def verdicts(data: dict[str, Any]) -> list[str]:
         out.append(f"- cache-pressure: precise TTFT p90 {ratio:.2f}x sglang-router's (target "
                    f"<= 0.5: {'met' if ratio <= 0.5 else 'not met'}), hit rate "
                    f"{gain:+.1f} points (target >= +5: {'met' if gain >= 5 else 'not met'}).")
+        ceiling = (data["cells"]["cache-pressure"].get("ceiling") or {}).get("hit_rate")
+        if ceiling is not None:
+            room = (ceiling - sg["hit_rate"]) * 100
+            out.append(f"- cache-pressure one-cache ceiling {ceiling:.1%}: {room:+.1f} points from "
+                       f"sglang-router's hit rate"
+                       + (" - no placement gains the target's 5 points here." if room < 5
+                          else "."))
     for key, cell in data["cells"].items():
         s = cell["setups"]
         a, p = s.get("router-cache_aware"), s.get("router-cache_aware+kv")
@@ -280,6 +304,20 @@ def render_simulated(cells: dict[str, Any], machine: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def shown_args(argv: list[str]) -> str:
+    """The command line as the page shows it: without ``--doc`` / ``--out`` (local paths)."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--doc", "--out"):
+            skip = True
+        elif not a.startswith(("--doc=", "--out=")):
+            out.append(a)
+    return " ".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m loadtest.bench_kv", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -291,6 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cells", default=",".join(("cache-pressure", *OTHERS)))
     ap.add_argument("--setups", help="comma-separated setups to run instead of the default ones "
                     "(e.g. router-cache_aware-x1+kv,router-cache_aware-x4+kv)")
+    ap.add_argument("--requests", type=int, help="requests on cache-pressure instead of its "
+                    f"{CACHE_PRESSURE.requests} (a longer run, same rate: nearer a steady state)")
+    ap.add_argument("--block", default=BLOCK, help="the page block to write (default "
+                    f"%(default)s; e.g. {STEADY_BLOCK} for a --requests run kept beside it)")
     ap.add_argument("--simulate", action="store_true",
                     help="the cache-pressure cells in the simulator instead (block "
                          f"{SIM_BLOCK}; no HTTP, virtual time)")
@@ -308,13 +350,15 @@ def main(argv: list[str] | None = None) -> int:
     cells: list[BenchWorkload] = []
     for name in names:
         if name == "cache-pressure":
-            cells.append(CACHE_PRESSURE)
+            cells.append(replace(CACHE_PRESSURE, requests=args.requests or
+                                 CACHE_PRESSURE.requests))
         else:
             w = next(w for w in WORKLOADS if w.name == name)
             cells.append(replace(w, fleet=replace(w.fleet, kv_events=True)))
     if args.quick:
         cells = [replace(cells[0], requests=30)]
-    data: dict[str, Any] = {"machine": machine_info(), "cells": {}}
+    data: dict[str, Any] = {"machine": machine_info(), "cells": {},
+                            "argv": shown_args(sys.argv[1:] if argv is None else argv)}
     with tempfile.TemporaryDirectory(prefix="bench-kv-") as tmp:
         workdir = Path(tmp)
         tok = tiny_tokenizer_dir(workdir / "tokenizer")
@@ -328,9 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     data["verdicts"] = verdicts(data)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(data, indent=1, default=str))
-    block = render(data)
+    block = render(data, args.block)
     doc = Path(args.doc)
-    doc.write_text(replace_block(doc.read_text() if doc.exists() else "", BLOCK, block))
+    doc.write_text(replace_block(doc.read_text() if doc.exists() else "", args.block, block))
     print(block)
     return 0
 
