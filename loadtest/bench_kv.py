@@ -57,11 +57,13 @@ from loadtest.setups import (
     tiny_tokenizer_dir,
 )
 
-__all__ = ["BLOCK", "CACHE_PRESSURE", "SETUPS", "SIM_BLOCK", "SPLIT", "cached_counters", "main",
-           "render", "render_simulated", "run_simulated"]
+__all__ = ["BLOCK", "CACHE_PRESSURE", "SETUPS", "SIM_BLOCK", "SPLIT", "STEADY_BLOCK",
+           "cached_counters", "main", "render", "render_simulated", "run_simulated", "shown_args"]
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = "kv-events"
+# `--requests N --block STEADY_BLOCK`: a longer cache-pressure run, kept beside the default one
+STEADY_BLOCK = "kv-events-steady"
 SETUPS = ("router-cache_aware+kv", "router-cache_aware", "router-prefix", "router-round_robin",
           "sglang-cache_aware")
 SPLIT = ("router-cache_aware-x1+kv", "router-cache_aware-x2+kv", "router-cache_aware-x4+kv",
@@ -99,7 +101,9 @@ def _pids(launched: Launched) -> list[int]:
 def run_cell(w: BenchWorkload, setups: list[str], workdir: Path, seed: int,
              tokenizer_dir: Path) -> dict[str, Any]:
     reqs, meta = cell_requests(w, seed, workdir / w.name)
-    plan = Plan("http://unused", rate=w.rate, max_requests=len(reqs), max_time=120.0)
+    # the arrivals' span plus room for the queue to drain (240 requests at 6/s: 120 s)
+    plan = Plan("http://unused", rate=w.rate, max_requests=len(reqs),
+                max_time=max(120.0, 1.5 * len(reqs) / w.rate))
     cell: dict[str, Any] = {"workload": meta, "fleet": {"replicas": w.fleet.replicas,
                                                         "kv_blocks": w.fleet.kv_blocks},
                             "setups": {}, "failed": {},
@@ -145,10 +149,14 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:,.0f}"
 
 
-def render(data: dict[str, Any]) -> str:
+def render(data: dict[str, Any], block: str = BLOCK) -> str:
+    """The page block ``block`` (`--block`; the default run's, or a longer run's beside it)."""
     m = data["machine"]
-    lines = [f"<!-- {BLOCK}:begin -->", "## Precise routing from KV events", "",
-             f"`python -m loadtest.bench_kv` at {m['commit']}, {m['date']}, {m['nproc']} cores, one "
+    title = "Precise routing from KV events" + {
+        BLOCK: "", STEADY_BLOCK: ": a longer cache-pressure run"}.get(block, f" ({block})")
+    lines = [f"<!-- {block}:begin -->", f"## {title}", "",
+             f"`python -m loadtest.bench_kv {data.get('argv', '')}`".replace(" `", "`")
+             + f" at {m['commit']}, {m['date']}, {m['nproc']} cores, one "
              "run, every setup on a fresh fleet of 4 simulated replicas that publish vLLM's KV "
              "events (blocks of 16 tokens; per replica 4,700 on cache-pressure, 1,024 on rag, "
              "768 on the others). `router-cache_aware+kv` is "
@@ -182,7 +190,7 @@ def render(data: dict[str, Any]) -> str:
         for name, why in cell["failed"].items():
             lines.append(f"| {name} | failed: {why} | | | | | | | |")
         lines.append("")
-    lines += data.get("verdicts", []) + ["", f"<!-- {BLOCK}:end -->", ""]
+    lines += data.get("verdicts", []) + ["", f"<!-- {block}:end -->", ""]
     return "\n".join(lines)
 
 
@@ -302,6 +310,20 @@ def render_simulated(cells: dict[str, Any], machine: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def shown_args(argv: list[str]) -> str:
+    """The command line as the page shows it: without ``--doc`` / ``--out`` (local paths)."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--doc", "--out"):
+            skip = True
+        elif not a.startswith(("--doc=", "--out=")):
+            out.append(a)
+    return " ".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m loadtest.bench_kv", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -313,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cells", default=",".join(("cache-pressure", *OTHERS)))
     ap.add_argument("--setups", help="comma-separated setups to run instead of the default ones "
                     "(e.g. router-cache_aware-x1+kv,router-cache_aware-x4+kv)")
+    ap.add_argument("--requests", type=int, help="requests on cache-pressure instead of its "
+                    f"{CACHE_PRESSURE.requests} (a longer run, same rate: nearer a steady state)")
+    ap.add_argument("--block", default=BLOCK, help="the page block to write (default "
+                    f"%(default)s; e.g. {STEADY_BLOCK} for a --requests run kept beside it)")
     ap.add_argument("--simulate", action="store_true",
                     help="the cache-pressure cells in the simulator instead (block "
                          f"{SIM_BLOCK}; no HTTP, virtual time)")
@@ -330,13 +356,15 @@ def main(argv: list[str] | None = None) -> int:
     cells: list[BenchWorkload] = []
     for name in names:
         if name == "cache-pressure":
-            cells.append(CACHE_PRESSURE)
+            cells.append(replace(CACHE_PRESSURE, requests=args.requests or
+                                 CACHE_PRESSURE.requests))
         else:
             w = next(w for w in WORKLOADS if w.name == name)
             cells.append(replace(w, fleet=replace(w.fleet, kv_events=True)))
     if args.quick:
         cells = [replace(cells[0], requests=30)]
-    data: dict[str, Any] = {"machine": machine_info(), "cells": {}}
+    data: dict[str, Any] = {"machine": machine_info(), "cells": {},
+                            "argv": shown_args(sys.argv[1:] if argv is None else argv)}
     with tempfile.TemporaryDirectory(prefix="bench-kv-") as tmp:
         workdir = Path(tmp)
         tok = tiny_tokenizer_dir(workdir / "tokenizer")
@@ -350,9 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     data["verdicts"] = verdicts(data)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(data, indent=1, default=str))
-    block = render(data)
+    block = render(data, args.block)
     doc = Path(args.doc)
-    doc.write_text(replace_block(doc.read_text() if doc.exists() else "", BLOCK, block))
+    doc.write_text(replace_block(doc.read_text() if doc.exists() else "", args.block, block))
     print(block)
     return 0
 

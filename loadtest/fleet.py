@@ -57,7 +57,9 @@ from loadtest.replica.kv_config import (
     with_port,
 )
 
-__all__ = ["Fleet", "FleetError", "add_arguments", "main", "parse_loras", "parse_models"]
+__all__ = ["NAME_PREFIX", "Fleet", "FleetError", "add_arguments", "main", "parse_loras", "parse_models"]
+
+NAME_PREFIX = "sim-"  # replica i of a fleet without explicit names is NAME_PREFIX + str(i)
 
 _FLEET_OWNED = frozenset({"name", "port", "admin_port", "host"})
 _PER_MEMBER = frozenset({"model", "lora"})  # set per replica by a mixed fleet
@@ -161,7 +163,7 @@ class Fleet:
         self._tmp = None if log_dir else tempfile.TemporaryDirectory(prefix="sim-fleet-")
         self.log_dir = Path(log_dir or self._tmp.name)  # type: ignore[union-attr]
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        names = names or [f"sim-{i}" for i in range(replicas)]
+        names = names or [f"{NAME_PREFIX}{i}" for i in range(replicas)]
         if len(names) != replicas:
             raise ValueError("names must have one entry per replica")
         self._members = [

@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 
 from loadtest.ceiling import Ceiling, fits, replay
+from loadtest.fleet import NAME_PREFIX as FLEET_NAME_PREFIX
 from loadtest.replica.engine import Engine, EngineError, EngineLimits, EngineRequest
 from loadtest.replica.timing import TimingModel
 from loadtest.sglang_model import NAME as SGLANG_MODEL
@@ -89,6 +90,9 @@ class SimConfig:
     peer_ttl: float = 30.0  # routing.peers.ttl
     timing: TimingModel = field(default_factory=TimingModel)
     routing: dict[str, Any] = field(default_factory=dict)  # further routing.* settings
+    # replica i is named f"{name_prefix}{i}"; the ring places keys by name, so a replay of a
+    # `make bench` cell takes the names its HTTP fleet has (`loadtest.fleet`: sim-0, sim-1, ...)
+    name_prefix: str = "r"
 
     def routing_settings(self) -> RoutingSettings:
         """The validated ``routing:`` section this run routes with (as the app would)."""
@@ -147,7 +151,7 @@ def ceiling(requests: Sequence[SimRequest], config: SimConfig) -> Ceiling:
 
 
 def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:
-    names = [f"r{i}" for i in range(config.replicas)]
+    names = [f"{config.name_prefix}{i}" for i in range(config.replicas)]
     limits = EngineLimits(block_size=config.block_size, kv_blocks=config.kv_blocks,
                           max_num_seqs=config.max_num_seqs,
                           max_num_batched_tokens=config.max_num_batched_tokens,
@@ -524,7 +528,7 @@ def bench_cell(name: str, replicas: int, seed: int = 0) -> tuple[list[SimRequest
     timing = TimingModel(step_ms=f.step_ms, prefill_us_per_token=f.prefill_us_per_token,
                          decode_us_per_seq=f.decode_us_per_seq, speed=f.speed)
     cfg = SimConfig(replicas=replicas, block_size=f.block_size, kv_blocks=f.kv_blocks,
-                    max_num_seqs=f.max_num_seqs, timing=timing)
+                    max_num_seqs=f.max_num_seqs, timing=timing, name_prefix=FLEET_NAME_PREFIX)
     return _sim_requests(scale_arrivals(reqs, w.rate)), cfg
 
 

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadtest.bench_kv import BLOCK, SETUPS, SPLIT, cached_counters, render, verdicts
+from loadtest.bench_kv import (
+    BLOCK,
+    SETUPS,
+    SPLIT,
+    STEADY_BLOCK,
+    cached_counters,
+    render,
+    shown_args,
+    verdicts,
+)
 from loadtest.compare import KV_EVENTS_CONFIG, FleetParams
 from loadtest.doc_blocks import blocks, keep_blocks
 from loadtest.setups import parse_setup
@@ -61,6 +70,22 @@ def test_render_shows_each_setup_against_the_cells_ceiling() -> None:
     assert "One-cache ceiling" in text and "40.0%" in text
     assert "| router-cache_aware+kv | 36.0% | 0.90 | 100 | 200 | 400 |" in text
     assert "| sglang-cache_aware | 38.0% | 0.95 |" in text
+
+
+def test_a_longer_run_writes_its_own_block_with_its_command() -> None:
+    data: dict[str, Any] = {
+        "machine": {"commit": "abc", "date": "d", "nproc": 2},
+        "argv": shown_args(["--requests", "720", "--doc", "/tmp/x.md", "--out=/tmp/x.json",
+                            "--block", STEADY_BLOCK]),
+        "cells": {"cache-pressure": {
+            "workload": {"requests": 720, "rate": 6.0, "prompts": 75, "min_prompt_tokens": 5000,
+                         "max_prompt_tokens": 7000},
+            "setups": {"router-cache_aware+kv": row(0.36, 2.0)}, "failed": {}}}}
+    text = render(data, STEADY_BLOCK)
+    assert STEADY_BLOCK in blocks(text)
+    assert BLOCK not in blocks(text)
+    assert f"`python -m loadtest.bench_kv --requests 720 --block {STEADY_BLOCK}`" in text
+    assert "/tmp" not in text
 
 
 def test_render_simulated_block() -> None:

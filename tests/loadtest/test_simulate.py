@@ -248,6 +248,18 @@ def test_bench_cell_replays_a_make_bench_cell_with_its_fleet() -> None:
         bench_cell("nope", 4)
 
 
+def test_bench_cell_names_its_replicas_as_the_http_fleet_does() -> None:
+    # the ring places keys by replica name: a replay with other names is another placement
+    from loadtest.fleet import Fleet
+    from loadtest.simulate import bench_cell
+
+    reqs, cfg = bench_cell("rag", 4)
+    res = simulate(reqs[:20], cfg)
+    fleet = Fleet(replicas=4)  # not started: its names only
+    assert sorted(res.per_replica_requests) == fleet.names == ["sim-0", "sim-1", "sim-2", "sim-3"]
+    assert sorted(simulate(reqs[:20], SimConfig(replicas=2)).per_replica_requests) == ["r0", "r1"]
+
+
 def test_precise_routing_runs_in_the_simulation_and_beats_round_robin() -> None:
     # cache_aware+kv: the precise index fed by the engines' block pools (zero-lag events)
     from loadtest.simulate import PRECISE
