@@ -150,7 +150,8 @@ def _ms(v: float | None) -> str:
 def render(data: dict[str, Any], block: str = BLOCK) -> str:
     """The page block ``block`` (`--block`; the default run's, or a longer run's beside it)."""
     m = data["machine"]
-    title = "Precise routing from KV events" + ("" if block == BLOCK else f" ({block})")
+    title = "Precise routing from KV events" + {
+        BLOCK: "", STEADY_BLOCK: ": a longer cache-pressure run"}.get(block, f" ({block})")
     lines = [f"<!-- {block}:begin -->", f"## {title}", "",
              f"`python -m loadtest.bench_kv {data.get('argv', '')}`".replace(" `", "`")
              + f" at {m['commit']}, {m['date']}, {m['nproc']} cores, one "
