@@ -368,7 +368,7 @@ class RoutingSettings:
     session_header: str = "X-Session-ID"
     prompt_affinity: bool = True  # accepted, no effect: cache_aware supersedes the affinities
     # cache_aware (router/pipeline.py): scorer weights, the cost model, the prefix index
-    cache_weight: float = 8.0
+    cache_weight: float = 16.0
     first_turn_cache_weight: float = 2.0
     load_weight: float = 1.0
     home_weight: float = 0.02

@@ -195,3 +195,31 @@ def test_a_first_turn_over_its_share_replicates_the_prefix_onto_the_best_other_c
     assert d.candidates[-1] == "a"  # the filtered-out replica is still a retry target
     d = p.pick(RequestView(PREFIX, 1000), [hot, copy, cold])  # a later turn stays
     assert d is not None and (d.replica, d.branch) == ("a", Branch.CACHE_HIT)
+
+
+def default_pipe() -> Pipeline:
+    """The cache_aware scorers with the default weights (the one place they are set)."""
+    from router.settings import RoutingSettings as S
+
+    return Pipeline([], [(cache_score, S.cache_weight), (load_score, S.load_weight),
+                         (home_score, S.home_weight)], S.min_match_tokens)
+
+
+@pytest.mark.parametrize(("held", "holder_queue", "other_queue", "expected", "branch"), [
+    # the mooncake shape: a 2k-token follow-up, 1,536 tokens of it on the replica with the
+    # deepest queue, the shared 512-token block elsewhere - it stays with its history
+    (1536, 24_000, 12_000, "holder", Branch.CACHE_HIT),
+    # 512 tokens more history against a 6k-token queue difference: stays (at 8x it moved)
+    (1024, 16_000, 10_000, "holder", Branch.CACHE_HIT),
+    # a deeper queue still moves it: the weight trades, it does not pin
+    (1024, 20_000, 10_000, "other", Branch.SPILL),
+    # nothing but the shared block anywhere: the shorter queue
+    (512, 20_000, 10_000, "other", Branch.CACHE_HIT),
+])
+def test_default_cache_weight_keeps_short_follow_ups_on_their_history(
+        held: int, holder_queue: float, other_queue: float, expected: str,
+        branch: Branch) -> None:
+    req = RequestView(PREFIX, 2000)
+    got = default_pipe().pick(req, [cand("holder", held, holder_queue, rank=0),
+                                    cand("other", 512, other_queue, rank=1)])
+    assert got is not None and (got.replica, got.branch) == (expected, branch)
