@@ -124,7 +124,12 @@ class PeerService:
         if pub is None:
             return
         try:
-            pub.send_multipart((self._me, encode(e)), zmq.NOBLOCK)
+            payload = encode(e)
+        except WireError as exc:  # never fail the request that published it
+            log.warning("peers: cannot encode %s: %s", e.kind, exc)
+            return
+        try:
+            pub.send_multipart((self._me, payload), zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # PUB drops at its HWM; only a closing socket raises
             log.debug("peers: send failed: %s", exc)
             return

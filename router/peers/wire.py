@@ -7,13 +7,15 @@ decoding) and ``payload`` is msgpack of a positional array::
     [VERSION, kind, rid, replica, ts, chunks, prefill, stream, first, status]
 
 ``kind`` is the index of the event's kind in `router.peers.state.KINDS`; ``chunks`` is nil or
-``[hashes, tokens, total, exact]`` where ``hashes`` and ``tokens`` are raw bytes of unsigned
-64-bit little-endian integers (one ``bytes`` copy instead of one msgpack integer per chunk) and
-``exact`` is nil or the same shape without its own ``exact``. Only a ``start`` carries chunks,
+``[hashes, tokens, total, exact]`` where ``hashes`` and ``tokens`` are raw bytes of 64-bit
+little-endian integers (one ``bytes`` copy instead of one msgpack integer per chunk) and
+``exact`` is nil or the same shape without its own ``exact``. The approximate chunk hashes are
+unsigned (``xxh3_64``, `router.chunks`), the exact block keys signed (Python's ``hash`` chain,
+`templates_audit.blocks`); token counts are unsigned. Only a ``start`` carries chunks,
 prefill, stream and first; only a ``served`` its status; the others send the defaults.
 
-Invariants: ``decode(peer, encode(e)) == e`` for every event whose integers fit in 64 bits and
-whose ``peer`` is the frame's. ``decode`` raises nothing but `WireError`: a different version, a
+Invariants: ``decode(peer, encode(e)) == e`` for every event whose integers fit those types
+and whose ``peer`` is the frame's; ``encode`` raises `WireError` for any other. ``decode`` raises nothing but `WireError`: a different version, a
 wrong type or length, bad msgpack or trailing bytes are all errors naming what is wrong (a
 subscriber counts and logs them, and goes on). Cost: O(chunks) per event, in C (``array``,
 msgpack) but for one Python pass per field.
@@ -41,17 +43,20 @@ class WireError(ValueError):
     """A peer message that is not this format (or not this version of it)."""
 
 
-def _pack(values: tuple[int, ...]) -> bytes:
-    a = array("Q", values)
+def _pack(values: tuple[int, ...], code: str = "Q") -> bytes:
+    try:
+        a = array(code, values)
+    except (OverflowError, TypeError) as exc:
+        raise WireError(f"chunks: not 64-bit integers ({exc})") from exc
     if _SWAP:
         a.byteswap()
     return a.tobytes()
 
 
-def _unpack(raw: object, what: str) -> tuple[int, ...]:
+def _unpack(raw: object, what: str, code: str = "Q") -> tuple[int, ...]:
     if not isinstance(raw, bytes) or len(raw) % 8:
         raise WireError(f"{what}: expected bytes of 8-byte integers, got {type(raw).__name__}")
-    a = array("Q")
+    a = array(code)
     a.frombytes(raw)
     if _SWAP:
         a.byteswap()
@@ -62,7 +67,7 @@ def _chunks_out(c: Chunks | None, nested: bool = False) -> list[Any] | None:
     if c is None:
         return None
     exact = None if nested else _chunks_out(c.exact, nested=True)
-    return [_pack(c.hashes), _pack(c.tokens), c.total, exact]
+    return [_pack(c.hashes, "q" if nested else "Q"), _pack(c.tokens), c.total, exact]
 
 
 def _chunks_in(raw: object, nested: bool = False) -> Chunks | None:
@@ -70,7 +75,8 @@ def _chunks_in(raw: object, nested: bool = False) -> Chunks | None:
         return None
     if not isinstance(raw, list) or len(raw) != 4:
         raise WireError(f"chunks: expected [hashes, tokens, total, exact], got {raw!r:.80}")
-    hashes, tokens = _unpack(raw[0], "chunks.hashes"), _unpack(raw[1], "chunks.tokens")
+    hashes = _unpack(raw[0], "chunks.hashes", "q" if nested else "Q")
+    tokens = _unpack(raw[1], "chunks.tokens")
     total = raw[2]
     if len(hashes) != len(tokens):
         raise WireError(f"chunks: {len(hashes)} hashes but {len(tokens)} token counts")

@@ -10,8 +10,8 @@ from router.metrics import _PEER_KINDS
 from router.peers.state import KINDS, PeerEvent
 from router.peers.wire import VERSION, WireError, decode, encode
 
-EXACT = Chunks((7, 2**64 - 1), (16, 32), 40)
-CHUNKS = Chunks((1, 2, 3), (256, 512, 700), 700, EXACT)
+EXACT = Chunks((7, -(2**63), 2**63 - 1), (16, 32, 48), 50)  # Python hash(): signed
+CHUNKS = Chunks((1, 2, 2**64 - 1), (256, 512, 700), 700, EXACT)  # xxh3_64: unsigned
 
 
 @pytest.mark.parametrize("event", [
@@ -80,3 +80,9 @@ def test_malformed_payloads_are_wire_errors(payload: bytes, message: str) -> Non
 def test_a_peer_id_that_is_not_utf8_is_a_wire_error() -> None:
     with pytest.raises(WireError, match="UTF-8"):
         decode(b"\xff\xfe", _payload(*GOOD))
+
+
+def test_an_integer_out_of_range_is_a_wire_error_not_a_crash() -> None:
+    bad = PeerEvent("start", "p", 1, "r0", 1.0, Chunks((-1,), (16,), 16), 0.0)
+    with pytest.raises(WireError, match="not 64-bit integers"):
+        encode(bad)
