@@ -123,8 +123,12 @@ def home_score(req: RequestView, c: Candidate, scale: float, fleet: int) -> floa
 def bounded_load(bound: LoadBound) -> Filter:
     """The candidates under the bounded-load cap, over all available replicas' loads."""
 
+    floor = bound.floor
+
     def keep(req: RequestView, candidates: list[Candidate]) -> list[Candidate]:
         loads = [c.state.load() for c in candidates]
+        if max(loads, default=0.0) < floor:  # every cap is at least the floor: all under it
+            return candidates
         total = sum(loads)
         weight = sum(c.state.weight for c in candidates)
         cap = bound.cap
@@ -235,20 +239,23 @@ class Pipeline:
         if not kept:
             ranked = sorted(candidates, key=lambda c: (c.state.load() / c.state.weight, c.rank))
             return _decision(ranked, Branch.FALLBACK, candidates)
-        scale = float(req.prompt_tokens) + max([c.queued for c in kept])
-        if scale <= 0:
-            scale = 1.0
-        scorers = self.scorers
-        scored = []
-        for i, c in enumerate(kept):
-            value = 0.0
-            for scorer, weight in scorers:
-                value += weight * scorer(req, c, scale, fleet)
-            scored.append((value, -c.rank, -i))
+        if len(kept) == 1:  # nothing to rank: the scores would only order this one
+            ranked = kept
+        else:
+            scale = float(req.prompt_tokens) + max([c.queued for c in kept])
+            if scale <= 0:
+                scale = 1.0
+            scorers = self.scorers
+            scored = []
+            for i, c in enumerate(kept):
+                value = 0.0
+                for scorer, weight in scorers:
+                    value += weight * scorer(req, c, scale, fleet)
+                scored.append((value, -c.rank, -i))
+            order = sorted(range(len(kept)), key=scored.__getitem__, reverse=True)
+            ranked = [kept[i] for i in order]
         # over every candidate: a filtered-out replica holding more makes the pick a spill
         top_cached = max([c.cached for c in candidates])
-        order = sorted(range(len(kept)), key=scored.__getitem__, reverse=True)
-        ranked = [kept[i] for i in order]
         best = ranked[0]
         floor = self._floor
         if best.cached >= floor and best.cached >= top_cached:

@@ -223,3 +223,57 @@ def test_default_cache_weight_keeps_short_follow_ups_on_their_history(
     got = default_pipe().pick(req, [cand("holder", held, holder_queue, rank=0),
                                     cand("other", 512, other_queue, rank=1)])
     assert got is not None and (got.replica, got.branch) == (expected, branch)
+
+
+def _reference_pick(p: Pipeline, req: RequestView, candidates: list[Candidate]):  # type: ignore[no-untyped-def]
+    """`Pipeline.pick` as first written: every kept candidate scored and sorted, the
+    bounded-load filter computing every cap. The table test below holds the shortcuts (one
+    kept candidate, all loads under the floor) to it."""
+    from router.pipeline import _decision
+
+    kept = candidates
+    for f in p.filters:
+        kept = f(req, kept)
+    if not kept:
+        ranked = sorted(candidates, key=lambda c: (c.state.load() / c.state.weight, c.rank))
+        return _decision(ranked, Branch.FALLBACK, candidates)
+    fleet = len(candidates)
+    scale = float(req.prompt_tokens) + max([c.queued for c in kept]) or 1.0
+    scored = [(sum(w * s(req, c, scale, fleet) for s, w in p.scorers), -c.rank, -i)
+              for i, c in enumerate(kept)]
+    top_cached = max([c.cached for c in candidates])
+    ranked = [kept[i] for i in sorted(range(len(kept)), key=scored.__getitem__, reverse=True)]
+    best = ranked[0]
+    if best.cached >= max(1, p.min_match_tokens) and best.cached >= top_cached:
+        branch = Branch.CACHE_HIT
+    elif best.rank == 0 and req.placed:
+        branch = {KeySource.HEADER: Branch.OVERRIDE,
+                  KeySource.CONVERSATION: Branch.CONVERSATION}.get(req.key.source, Branch.HOME)
+    elif not req.placed and top_cached < max(1, p.min_match_tokens):
+        branch = Branch.LEAST_LOADED
+    else:
+        branch = Branch.SPILL
+    return _decision(ranked, branch, candidates)
+
+
+def test_pick_matches_the_reference_on_random_fleets() -> None:
+    import random
+
+    rng = random.Random(18)
+    keys = [PREFIX, RoutingKey("h", None, KeySource.HEADER),
+            RoutingKey(None, "c", KeySource.CONVERSATION), RoutingKey(None, None, KeySource.NONE)]
+    for _ in range(3000):
+        n = rng.randint(1, 6)
+        cands = [Candidate(ReplicaState(f"r{i}", f"http://r{i}", in_flight=rng.choice(
+                     [0, 0, 1, 3, 7, 8, 9, 20, 40])), rng.choice([0, 0, 32, 64, 500, 900]),
+                     rng.choice([0.0, 10.0, 500.0, 2000.0]), rng.randint(0, n), rng.random() * 4)
+                 for i in range(n)]
+        filters = [bounded_load(LoadBound(rng.choice([1.0, 1.25, 2.0]), rng.choice([0, 4, 8])))]
+        if rng.random() < 0.5:
+            filters.append(recent_load(2.0, rng.random() < 0.5))
+        p = Pipeline(filters, [(cache_score, rng.choice([1.0, 16.0])), (load_score, 1.0),
+                               (home_score, 0.1)], rng.choice([1, 64]))
+        key = rng.choice(keys)
+        req = RequestView(key, rng.choice([0, 100, 1000]), key.ring_key is not None,
+                          rng.choice([1.0, 0.5]), rng.random() < 0.5)
+        assert p.pick(req, cands) == _reference_pick(p, req, cands)
