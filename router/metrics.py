@@ -6,7 +6,10 @@ replica lists is `unknown`, see `router.models`; never the client's string), `br
 Branch enum, `status` is the HTTP status code,
 `reason`/`state` are fixed vocabularies; routing keys and user ids never become labels. Hot-path
 label children are cached in dicts so a proxied request costs a few dict lookups, not a
-`labels()` call per metric.
+`labels()` call per metric, and the hot path updates a cached child through its value's own
+`inc` (`_adder`, `_observer`): what `Counter.inc`, `Gauge.inc`/`dec` and `Histogram.observe`
+do after their argument checks, which the router's own arguments never fail (non-negative
+counts, finite durations), with the histogram bucket found by bisection instead of a scan.
 
 `distinct_keys_per_minute` is a HyperLogLog estimate (2^10 registers, ~3% standard error) over a
 sliding minute made of six 10-second sub-windows: `observe_key` is O(1); the estimate merges the
@@ -27,7 +30,8 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Mapping
+from bisect import bisect_left
+from collections.abc import Callable, Mapping
 
 import xxhash
 from prometheus_client import (
@@ -98,7 +102,31 @@ class DistinctKeys:
         return raw
 
 
-_Row = tuple[Gauge, Counter, "Histogram | None", Histogram]
+Add = Callable[[float], None]
+# one finished attempt's updates: in-flight gauge, request counter, TTFB and duration histograms
+_Row = tuple[Add, Add, "Add | None", Add]
+
+
+def _adder(child: Counter | Gauge) -> Add:
+    """The ``inc`` of a labelled child's value (prometheus_client's ``ValueClass``: a mutex-held
+    float, or the mmap-backed value in multiprocess mode): ``Counter.inc`` / ``Gauge.inc``
+    without their checks. Callers pass non-negative counter increments."""
+    return child._value.inc  # type: ignore[no-any-return]
+
+
+def _observer(child: Histogram) -> Add:
+    """``Histogram.observe`` of a labelled child without its checks and exemplars: the sum,
+    then the first bucket whose upper bound is >= the amount (bisection; the last bound is
+    +Inf). Callers pass finite amounts."""
+    bounds = tuple(child._upper_bounds)
+    buckets = tuple(b.inc for b in child._buckets)
+    add_sum = child._sum.inc
+
+    def observe(amount: float) -> None:
+        add_sum(amount)
+        buckets[bisect_left(bounds, amount)](1)
+
+    return observe
 
 
 class RouterMetrics:
@@ -202,7 +230,7 @@ class RouterMetrics:
         self._peer_received = {(k, a): self.peer_received.labels(k, a)
                                for k in _PEER_KINDS for a in ("true", "false")}
         self._kv_types: dict[tuple[str, str], Counter] = {}
-        self._cached: dict[str, tuple[Counter, Counter, Counter]] = {}
+        self._cached: dict[str, tuple[Add, Add, Add]] = {}
         self._keys = DistinctKeys()
         self._keys_refreshed = 0.0
         self._known: set[str] = set()
@@ -210,16 +238,18 @@ class RouterMetrics:
         # duration histograms of one finished attempt
         self._req: dict[tuple[str, str, int, str], _Row] = {}
         self._inflight: dict[str, Gauge] = {}
-        self._ttfb: dict[tuple[str, str], Histogram] = {}
-        self._dur: dict[str, Histogram] = {}
+        self._inflight_add: dict[str, Add] = {}
+        self._ttfb: dict[tuple[str, str], Add] = {}
+        self._dur: dict[str, Add] = {}
 
     # hot path -------------------------------------------------------------------------------
 
     def dispatched(self, replica: str) -> None:
-        g = self._inflight.get(replica)
-        if g is None:
+        add = self._inflight_add.get(replica)
+        if add is None:
             g = self._inflight[replica] = self.in_flight.labels(replica)
-        g.inc()
+            add = self._inflight_add[replica] = _adder(g)
+        add(1)
 
     def finished(self, replica: str, branch: str, status: int, ttfb: float | None,
                  duration: float, model: str = "unknown") -> None:
@@ -228,14 +258,14 @@ class RouterMetrics:
         if row is None:
             row = self._req[key] = self._row(key)
         gauge, count, first_byte, dur = row
-        gauge.dec()
-        count.inc()
+        gauge(-1)
+        count(1)
         if ttfb is not None:
             if first_byte is None:  # created on the first observation, as the series appears
                 first_byte = self._ttfb_child(replica, model)
                 self._req[key] = (gauge, count, first_byte, dur)
-            first_byte.observe(ttfb)
-        dur.observe(duration)
+            first_byte(ttfb)
+        dur(duration)
 
     def _row(self, key: tuple[str, str, int, str]) -> _Row:
         """The children one finished attempt with these labels updates (one lookup per
@@ -243,14 +273,15 @@ class RouterMetrics:
         replica, branch, status, model = key
         d = self._dur.get(replica)
         if d is None:
-            d = self._dur[replica] = self.duration.labels(replica)
-        return (self._inflight[replica], self.requests.labels(replica, branch, str(status), model),
+            d = self._dur[replica] = _observer(self.duration.labels(replica))
+        return (self._inflight_add[replica],
+                _adder(self.requests.labels(replica, branch, str(status), model)),
                 self._ttfb.get((replica, model)), d)
 
-    def _ttfb_child(self, replica: str, model: str) -> Histogram:
+    def _ttfb_child(self, replica: str, model: str) -> Add:
         h = self._ttfb.get((replica, model))
         if h is None:
-            h = self._ttfb[(replica, model)] = self.ttfb.labels(replica, model)
+            h = self._ttfb[(replica, model)] = _observer(self.ttfb.labels(replica, model))
         return h
 
     def cached_tokens(self, replica: str, predicted: int, usage: Usage | None) -> None:
@@ -258,19 +289,19 @@ class RouterMetrics:
         response carried them, the cached and prompt tokens it reported."""
         c = self._cached.get(replica)
         if c is None:
-            c = self._cached[replica] = (self.predicted_cached.labels(replica),
-                                         self.reported_cached.labels(replica),
-                                         self.reported_prompt.labels(replica))
+            c = self._cached[replica] = (_adder(self.predicted_cached.labels(replica)),
+                                         _adder(self.reported_cached.labels(replica)),
+                                         _adder(self.reported_prompt.labels(replica)))
         if predicted:
-            c[0].inc(predicted)
+            c[0](predicted)
         if usage is not None and usage.cached_tokens is not None:
-            c[1].inc(usage.cached_tokens)
+            c[1](usage.cached_tokens)
             if usage.prompt_tokens is not None:
-                c[2].inc(usage.prompt_tokens)
+                c[2](usage.prompt_tokens)
 
     def observe_key(self, key: str) -> None:
-        self._keys.add(key)
         now = time.monotonic()
+        self._keys.add(key, now)
         if now - self._keys_refreshed >= 1.0:
             self._keys_refreshed = now
             self.distinct.set(self._keys.estimate(now))
@@ -359,6 +390,7 @@ class RouterMetrics:
             if g is None or g._value.get() == 0:
                 self._known.discard(name)
                 self._inflight.pop(name, None)
+                self._inflight_add.pop(name, None)
                 self._req = {k: v for k, v in self._req.items() if k[0] != name}
                 self._ttfb = {k: v for k, v in self._ttfb.items() if k[0] != name}
                 self._dur.pop(name, None)

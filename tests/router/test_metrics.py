@@ -131,3 +131,41 @@ def test_finished_attempts_update_their_series_through_the_cached_children() -> 
     m.dispatched("r0")
     m.finished("r0", "home", 200, 0.001, 0.002, "m")
     assert samples(m)[("prefix_router_in_flight", frozenset({("replica", "r0")}))] == 0
+
+
+def test_hot_path_updates_render_as_the_prometheus_api_would() -> None:
+    """`finished` / `dispatched` / `cached_tokens` update the children through their values
+    (`_adder`, `_observer`): the text must be what Gauge.inc/dec, Counter.inc and
+    Histogram.observe give for the same calls, bucket edges and +Inf included."""
+    from router.metrics import DURATION_BUCKETS, TTFB_BUCKETS
+    from router.usage import Usage
+
+    fast, ref = RouterMetrics(), RouterMetrics()
+    for m in (fast, ref):
+        m.set_membership({"r0": (True, False), "r1": (True, False)})
+    amounts = [0.0, 0.0005, *TTFB_BUCKETS, *DURATION_BUCKETS, 0.0123, 7.5, 1e6]
+    for i, a in enumerate(amounts):
+        replica = f"r{i % 2}"
+        ttfb = None if i % 5 == 0 else a
+        fast.dispatched(replica)
+        fast.finished(replica, "home", 200 if i % 3 else 502, ttfb, a, "m")
+        fast.cached_tokens(replica, i, Usage(100 + i, i) if i % 4 else Usage(None, None))
+        g = ref.in_flight.labels(replica)
+        g.inc()
+        g.dec()
+        ref.requests.labels(replica, "home", "200" if i % 3 else "502", "m").inc()
+        if ttfb is not None:
+            ref.ttfb.labels(replica, "m").observe(ttfb)
+        ref.duration.labels(replica).observe(a)
+        if i:
+            ref.predicted_cached.labels(replica).inc(i)
+        if i % 4:
+            ref.reported_cached.labels(replica).inc(i)
+            ref.reported_prompt.labels(replica).inc(100 + i)
+        else:
+            ref.reported_cached.labels(replica)
+            ref.reported_prompt.labels(replica)
+    def values(m: RouterMetrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        return {k: v for k, v in samples(m).items() if not k[0].endswith("_created")}
+
+    assert values(fast) == values(ref)
