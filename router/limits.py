@@ -44,6 +44,13 @@ Caps are per process (`--workers N` admits up to N x max_connections in total).
 Every rejection counts `rejected_total{reason}` and writes one access-log line naming the
 setting (`limit`), with method and path only when the head was complete - never a header value.
 
+Client disconnect: every request's scope carries `DISCONNECT_HOOK` (None). The proxy puts its
+disconnect callback there while it forwards (`router.proxy.Forwarder.forward`), and
+`connection_lost` calls it when the connection is lost before the response completed; lost
+before a callback was put there, the slot is set to `DISCONNECTED`. So the proxy learns of a
+disconnect without awaiting the ASGI ``receive()`` beside the upstream exchange, which is how
+it watches under any other server.
+
 Cost: a request whose head and body arrive in one read arms no timer (the first request's head
 timer is armed once per connection, at accept); per request a few attribute updates, one
 `loop.time()` and a `len(headers)`. Timers only exist for heads and bodies that span reads.
@@ -74,13 +81,17 @@ from router.errors import (
 from router.metrics import RouterMetrics
 from router.settings import LimitsSettings, Settings
 
-__all__ = ["HTTP_PROTOCOL", "LINGER", "ConnectionGuard", "LimitedHttpToolsProtocol",
-           "Rejection", "body_deadline", "ensure_descriptors", "header_bytes", "refused_by"]
+__all__ = ["DISCONNECTED", "DISCONNECT_HOOK", "HTTP_PROTOCOL", "LINGER", "ConnectionGuard",
+           "LimitedHttpToolsProtocol", "Rejection", "body_deadline", "ensure_descriptors",
+           "header_bytes", "refused_by"]
 
 HTTP_PROTOCOL = "router.limits:LimitedHttpToolsProtocol"
 LINGER = 1.0            # seconds a rejected connection is read (and dropped) before it closes
 DESCRIPTOR_RESERVE = 256  # listeners, replica pool, probes, files: beyond the two caps
 _SCOPE_KEY = "prefix_router.limit"
+# scope key of the disconnect callback slot (module docstring); DISCONNECTED: lost before one
+DISCONNECT_HOOK = "prefix_router.on_disconnect"
+DISCONNECTED = "disconnected"
 _HEAD, _BODY, _DONE, _CLOSING = range(4)
 
 
@@ -244,6 +255,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._admitted = False
             self.guard.release(self._peer)
         super().connection_lost(exc)
+        cycle = self.cycle
+        if cycle is not None and cycle.disconnected:
+            scope: Any = cycle.scope
+            hook = scope.get(DISCONNECT_HOOK)
+            if callable(hook):
+                hook()
+            elif DISCONNECT_HOOK in scope:
+                scope[DISCONNECT_HOOK] = DISCONNECTED
 
     def data_received(self, data: bytes) -> None:
         # uvicorn's data_received, plus the phase bookkeeping and the refusals of the callbacks
@@ -301,6 +320,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.scope[DISCONNECT_HOOK] = None  # type: ignore[literal-required]
         if self._fresh:
             self._fresh = False   # the head deadline has run since accept
             self._first = 0

@@ -22,9 +22,12 @@ Timeouts: `connect_timeout` for the TCP connect; `first_byte_timeout` for the re
 the first body chunk (each wait); `idle_timeout` between later chunks, enforced by an
 `IdleWatchdog` that arms one timer per idle period rather than one per chunk.
 
-Client disconnect: `receive()` is awaited by a `DisconnectWatch` (no Task) while the upstream
-exchange runs; on `http.disconnect` it cancels the request task, which closes (not releases) the upstream
-connection so vLLM sees the disconnect and aborts generation. A disconnect is never retried.
+Client disconnect: under the router's own HTTP protocol (`router.limits`) the request's scope
+has a `router.limits.DISCONNECT_HOOK` slot and the protocol calls the callback put there when
+the connection is lost; under any other server `receive()` is awaited by a `DisconnectWatch`
+(no Task) while the upstream exchange runs and reports ``http.disconnect``. Either way the
+request task is cancelled, which closes (not releases) the upstream connection so vLLM sees the
+disconnect and aborts generation. A disconnect is never retried.
 
 Tracing (`router.tracing`, when on): each attempt starts a CLIENT span before dispatch - the
 request then carries that span as its ``traceparent`` instead of the client's - and ends it in
@@ -58,6 +61,7 @@ from router.errors import (
     translate_upstream,
 )
 from router.health import HealthMonitor
+from router.limits import DISCONNECT_HOOK, DISCONNECTED
 from router.metrics import RouterMetrics
 from router.replicas import ReplicaSet, ReplicaState
 from router.settings import ProxySettings
@@ -300,7 +304,13 @@ class Forwarder:
             gone = True
             task.cancel()
 
-        watch = DisconnectWatch(receive, on_disconnect)
+        watch: DisconnectWatch | None = None
+        if DISCONNECT_HOOK not in scope:  # another server: watch receive()
+            watch = DisconnectWatch(receive, on_disconnect)
+        elif scope[DISCONNECT_HOOK] == DISCONNECTED:  # lost already: as receive() would say
+            on_disconnect()
+        else:  # the protocol calls on_disconnect (router.limits)
+            scope[DISCONNECT_HOOK] = on_disconnect
         try:
             await self._attempts(scope, send, body, candidates, record, attempts, trace)
         except asyncio.CancelledError:
@@ -311,7 +321,10 @@ class Forwarder:
             if trace is not None:
                 trace.disconnected()
         finally:
-            watch.close()
+            if watch is not None:
+                watch.close()
+            elif scope[DISCONNECT_HOOK] is on_disconnect:
+                scope[DISCONNECT_HOOK] = None
 
     async def _attempts(self, scope: Scope, send: Send, body: bytes | None,
                         candidates: Iterable[str], record: AccessRecord,

@@ -194,9 +194,9 @@ def fake_fleet() -> Iterator[Any]:
 def router_server() -> Iterator[Any]:
     started: list[ThreadedServer] = []
 
-    def start(settings: Settings) -> tuple[ThreadedServer, RouterApp]:
+    def start(settings: Settings, **config: Any) -> tuple[ThreadedServer, RouterApp]:
         app = create_app(settings)
-        srv = ThreadedServer(app).start()
+        srv = ThreadedServer(app, **config).start()
         started.append(srv)
         return srv, app
 

@@ -210,11 +210,17 @@ def raw_request(port: int, body: bytes) -> socket.socket:
     return s
 
 
+@pytest.mark.parametrize("own_protocol", [False, True], ids=["uvicorn", "limits"])
 @pytest.mark.parametrize("stream", [False, True])
 def test_client_disconnect_aborts_upstream(fake_fleet: Any, router_server: Any,
-                                           stream: bool) -> None:
+                                           stream: bool, own_protocol: bool) -> None:
+    """Under uvicorn's protocol the proxy's DisconnectWatch awaits receive(); under the
+    router's (`router.limits`) the protocol calls the callback in the scope's hook slot."""
+    from router.limits import LimitedHttpToolsProtocol
+
     fleet = fake_fleet(1)
-    srv, app = router_server(router_settings(fleet.urls))
+    srv, app = router_server(router_settings(fleet.urls),
+                             **({"http": LimitedHttpToolsProtocol} if own_protocol else {}))
     fake = fleet.replicas[0]
     sock = raw_request(srv.port, json.dumps(chat(stream=stream)).encode())
     assert wait_until(lambda: fake.running == 1)

@@ -72,8 +72,9 @@ PINNED: dict[str, list[str]] = {
         "decode_seq", "encode_batch", "encode_seq"
     ],
     "router.limits": [
-        "ConnectionGuard", "HTTP_PROTOCOL", "LINGER", "LimitedHttpToolsProtocol", "Rejection",
-        "body_deadline", "ensure_descriptors", "header_bytes", "refused_by"
+        "ConnectionGuard", "DISCONNECTED", "DISCONNECT_HOOK", "HTTP_PROTOCOL", "LINGER",
+        "LimitedHttpToolsProtocol", "Rejection", "body_deadline", "ensure_descriptors",
+        "header_bytes", "refused_by"
     ],
     "router.metrics": [
         "DURATION_BUCKETS", "DistinctKeys", "KV_LAG_BUCKETS", "REPLICA_STATES", "RouterMetrics",
