@@ -14,7 +14,8 @@ Exchange (`UpstreamPool.request`):
    reused just as the replica's own keep-alive closes it) - else a new TCP connection, within
    `connect_timeout`;
 2. the request head - request line, ``Host``, the given headers, ``Content-Length`` of the body
-   (``0`` for a body-less method other than GET/HEAD) - and the body in one write;
+   (``0`` for a body-less method other than GET/HEAD) - and the body in one write (one buffer,
+   head and body joined, up to `_JOIN_MAX` bytes of body: the transport's plain send() path);
 3. the response head within `read_timeout` (httptools/llhttp parses it; 1xx heads are skipped);
    `Response.read_chunk` then returns the body as it arrives: everything parsed so far, joined
    (chunked transfer decoded, Content-Length or read-until-close framing), b"" at the end.
@@ -50,6 +51,9 @@ import httptools
 __all__ = ["HIGH_WATER", "Origin", "Response", "UpstreamPool", "origin_of"]
 
 HIGH_WATER = 256 * 1024  # parsed body bytes not yet read beyond which reading pauses
+# a request body up to this size is sent in one buffer with its head: the transport's
+# single-buffer write is a plain send(), two buffers take its scatter-gather path
+_JOIN_MAX = 64 * 1024
 _NO_DEFAULT_LENGTH = frozenset({"GET", "HEAD"})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -293,10 +297,12 @@ class _Connection(asyncio.Protocol):
         self.head_only = head_only
         self.until_close = False
         assert self.transport is not None
-        if body:
-            self.transport.writelines((head, body))
-        else:
+        if not body:
             self.transport.write(head)
+        elif len(body) <= _JOIN_MAX:
+            self.transport.write(head + body)
+        else:
+            self.transport.writelines((head, body))
         return resp
 
     def idle(self) -> None:
