@@ -21,6 +21,7 @@ to be reused by anything else that wants a response's token counts (tracing span
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 __all__ = ["TAIL_BYTES", "Usage", "UsageTap", "parse_usage"]
@@ -29,7 +30,9 @@ TAIL_BYTES = 2048
 
 _PROMPT = b'"prompt_tokens":'
 _CACHED = b'"cached_tokens":'
-_DIGITS = frozenset(b"0123456789")
+# after a key: optional JSON whitespace, the digits, and a byte that is not a digit (digits
+# running to the end of the tail may continue past it: no match)
+_NUMBER = re.compile(rb"[ \t\r\n]*([0-9]+)(?=[^0-9])")
 
 
 class Usage(NamedTuple):
@@ -42,16 +45,8 @@ def _int_after(data: bytes, key: bytes) -> int | None:
     at = data.rfind(key)
     if at < 0:
         return None
-    i = at + len(key)
-    n = len(data)
-    while i < n and data[i] in b" \t\r\n":
-        i += 1
-    j = i
-    while j < n and data[j] in _DIGITS:
-        j += 1
-    if j == i or j == n:  # no digits, or the number may continue past what we have
-        return None
-    return int(data[i:j])
+    m = _NUMBER.match(data, at + len(key))
+    return None if m is None else int(m.group(1))
 
 
 def parse_usage(data: bytes) -> Usage:

@@ -53,3 +53,34 @@ def test_tap_keeps_only_a_bounded_tail() -> None:
     tap.feed(b"x" * (TAIL_BYTES * 3))  # the usage scrolled out of the tail
     assert tap.usage() == Usage(None, None)
     assert len(tap._tail) == TAIL_BYTES
+
+
+def _int_after_by_hand(data: bytes, key: bytes) -> int | None:
+    """The byte loop `_int_after` replaced (its regex must read exactly the same)."""
+    at = data.rfind(key)
+    if at < 0:
+        return None
+    i = at + len(key)
+    n = len(data)
+    while i < n and data[i] in b" \t\r\n":
+        i += 1
+    j = i
+    while j < n and data[j] in b"0123456789":
+        j += 1
+    if j == i or j == n:
+        return None
+    return int(data[i:j])
+
+
+def test_int_after_reads_what_the_byte_loop_read() -> None:
+    import random
+
+    from router.usage import _int_after
+
+    rng = random.Random(18)
+    alphabet = [b'"cached_tokens":', b" ", b"\n", b"\t", b"1", b"0", b"9", b"}", b",", b"x",
+                b"-", b"null", b"\r", b'"']
+    for _ in range(20000):
+        data = b"".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12)))
+        assert _int_after(data, b'"cached_tokens":') == _int_after_by_hand(
+            data, b'"cached_tokens":'), data
