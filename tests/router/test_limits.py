@@ -20,6 +20,8 @@ from uvicorn.server import ServerState
 from router.accesslog import AccessLog
 from router.body import ClientGone, read_body
 from router.limits import (
+    DISCONNECT_HOOK,
+    DISCONNECTED,
     ConnectionGuard,
     LimitedHttpToolsProtocol,
     body_deadline,
@@ -432,3 +434,50 @@ def test_ensure_descriptors(monkeypatch: pytest.MonkeyPatch, soft: int, hard: in
     assert (warning is not None) is warns
     if warns:
         assert "max_connections" in str(warning)
+
+
+class HookApp(GuardedApp):
+    """Reads the body, then (path /hook) puts a callback in the disconnect slot or (path
+    /late) leaves it empty, and waits for the client to go; records what it saw."""
+
+    def __init__(self, limits: LimitsSettings) -> None:
+        super().__init__(limits)
+        self.seen: list[object] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await asgi_lifespan(receive, send)
+            return
+        await read_body(receive, scope["headers"], 1024)
+        self.seen.append(scope.get(DISCONNECT_HOOK, "missing"))
+        gone = asyncio.Event()
+        if scope["path"] == "/hook":
+            scope[DISCONNECT_HOOK] = gone.set
+            await asyncio.wait_for(gone.wait(), 10)
+            self.seen.append("called")
+        else:
+            for _ in range(1000):
+                if scope[DISCONNECT_HOOK] == DISCONNECTED:
+                    break
+                await asyncio.sleep(0.01)
+            self.seen.append(scope[DISCONNECT_HOOK])
+
+
+@pytest.mark.parametrize("path", ["/hook", "/late"])
+def test_a_lost_connection_reaches_the_scopes_disconnect_slot(path: str) -> None:
+    """`connection_lost` calls the callback in the slot, or marks the slot DISCONNECTED when
+    the app has not put one there yet (router.proxy then cancels at once)."""
+    app = HookApp(LimitsSettings(**BASE))
+    srv = ThreadedServer(app, http=LimitedHttpToolsProtocol).start()
+    try:
+        s = socket.create_connection(("127.0.0.1", srv.port))
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi".encode())
+        deadline = time.monotonic() + 5
+        while not app.seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        s.close()
+        while len(app.seen) < 2 and time.monotonic() < deadline + 5:
+            time.sleep(0.01)
+        assert app.seen == [None, "called" if path == "/hook" else DISCONNECTED]
+    finally:
+        srv.stop()
