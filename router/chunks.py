@@ -125,6 +125,31 @@ class _Builder:
                 break
         self.h, self.chars = h, chars
 
+    def add_messages(self, messages: list[Any]) -> None:
+        """Every chat message as one unit of its `_message_text` with `MESSAGE_TOKENS` of
+        markup: `add` for each, in one call with the running state kept in locals."""
+        size, per, hashes, tokens = self.chunk_chars, self.chars_per_token, self.hashes, self.tokens
+        h, chars, extra = self.h, self.chars, self.extra
+        hash_ = xxhash.xxh3_64_intdigest
+        for message in messages:
+            text = _message_text(message)
+            extra += MESSAGE_TOKENS
+            n = len(text)
+            start = 0
+            while True:
+                if len(hashes) >= MAX_CHUNKS:
+                    chars += n - start
+                    break
+                piece = text[start:start + size]
+                h = hash_(piece.encode("utf-8", "surrogatepass"), seed=h)
+                chars += len(piece)
+                hashes.append(h)
+                tokens.append(int(chars / per) + extra)
+                start += size
+                if start >= n:
+                    break
+        self.h, self.chars, self.extra = h, chars, extra
+
     def estimate(self) -> int:
         return int(self.chars / self.chars_per_token) + self.extra
 
@@ -148,8 +173,7 @@ def request_chunks(path: str, body: Mapping[str, Any] | None, chunk_chars: int =
         tools = body.get("tools")
         if tools:
             b.add("tools" + _ROLE + _dumps(tools) + _END)
-        for message in messages:
-            b.add(_message_text(message), MESSAGE_TOKENS)
+        b.add_messages(messages)
         return b.done()
     if kind == "completions":
         prompt = body.get("prompt")

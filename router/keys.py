@@ -161,20 +161,40 @@ def derive(
     body: Mapping[str, Any] | None,
     config: KeyConfig = KeyConfig(),
 ) -> RoutingKey:
-    """The routing key of one request (see the module docstring for the rules)."""
+    """The routing key of one request (see the module docstring for the rules).
+
+    One walk over a chat body's messages (`_walk`) finds what the conversation identity, the
+    history flags and the cacheable content need: the opener, whether a turn carries state,
+    and how many leading system/developer messages there are."""
     wanted = _headers(headers, (config.key_header, config.session_header))
     session = wanted.get(config.session_header)
     kind = api_kind(path)
-    conversation = _conversation(kind, session, body, config)
-    history = _history(body)
+    mapping = _is_mapping(body)
+    history: bool | None = None
+    lead = 0
+    conversation = session or None
+    has_user = False
+    if mapping:
+        assert body is not None
+        user = body.get("user")
+        has_user = isinstance(user, str) and bool(user)
+        messages = body.get("messages")
+        opener = None
+        if isinstance(messages, list):
+            history, opener, lead = _walk(messages)
+        if conversation is None:
+            if has_user:
+                conversation = user
+            elif kind == "chat" and opener is not None:
+                conversation = _opener_identity(body, opener, config)
     first = history is False
-    sticky = conversation is not None and (bool(session) or bool(history) or _has_user(body))
+    sticky = conversation is not None and (bool(session) or bool(history) or has_user)
     override = wanted.get(config.key_header)
     if override:
         return RoutingKey(override, conversation, KeySource.HEADER, 0, sticky, first)
-    if kind is not None and _is_mapping(body):
+    if kind is not None and mapping:
         assert body is not None
-        header, content, _, _, _ = _prefix_parts(kind, body, config)
+        header, content, _, _, _ = _prefix_parts(kind, body, config, lead)
         if len(content) >= max(1, config.min_prefix_chars):
             text = header + content
             digest = xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))
@@ -184,25 +204,40 @@ def derive(
     return RoutingKey(None, None, KeySource.NONE, 0, False, first)
 
 
-def _has_user(body: Mapping[str, Any] | None) -> bool:
-    """An explicit ``user`` in the body."""
-    if not _is_mapping(body):
-        return False
-    assert body is not None
-    user = body.get("user")
-    return isinstance(user, str) and bool(user)
-
-
-def _history(body: Mapping[str, Any] | None) -> bool | None:
-    """Whether the chat history has an assistant or tool turn; None without a ``messages``
-    list. The one walk over the messages for both ``sticky`` and ``first_turn``."""
-    messages = body.get("messages") if _is_mapping(body) else None  # type: ignore[union-attr]
-    if not isinstance(messages, list):
-        return None
+def _walk(messages: list[Any]) -> tuple[bool, Mapping[str, Any] | None, int]:
+    """(history, opener, lead) of a ``messages`` list in one pass: whether a message has an
+    assistant or tool role (``sticky``, ``first_turn``), the first message with the user role
+    (the derived conversation identity), and how many messages at the start have a
+    system/developer role (the cacheable content, `_chat_content`). A non-mapping message
+    ends the leading run and is otherwise skipped; the walk stops once history and opener are
+    both found."""
+    history = False
+    opener = None
+    lead = 0
+    leading = True
     for m in messages:
-        if _is_mapping(m) and m.get("role") in _STATE_ROLES:
-            return True
-    return False
+        if type(m) is not dict and not isinstance(m, Mapping):
+            leading = False
+            continue
+        role = m.get("role")
+        if leading:
+            if isinstance(role, str) and role in _CHAT_ROLES:  # a list is not hashable
+                lead += 1
+                continue
+            leading = False
+        if role == "user":
+            if opener is None:
+                opener = m
+        elif role in _STATE_ROLES:
+            history = True
+        if history and opener is not None:
+            break
+    return history, opener, lead
+
+
+def _leading(messages: list[Any]) -> int:
+    """How many messages at the start have a system/developer role (`_walk`'s ``lead``)."""
+    return _walk(messages)[2]
 
 
 def _is_mapping(value: object) -> bool:
@@ -236,12 +271,13 @@ def explain(
 
 
 def _prefix_parts(
-    kind: str, body: Mapping[str, Any], config: KeyConfig
+    kind: str, body: Mapping[str, Any], config: KeyConfig, lead: int | None = None
 ) -> tuple[str, str, int, bool, VolatileCut | None]:
     """(header, content kept, content length before truncation and cut, truncated, cut): the
-    canonical prefix of a body of API ``kind`` is ``header + content``."""
+    canonical prefix of a body of API ``kind`` is ``header + content`` (``lead``: the leading
+    system messages, when the caller's `_walk` counted them)."""
     if kind == "chat":
-        content, scan = _chat_content(body), True
+        content, scan = _chat_content(body, lead), True
     else:
         content, scan = _prompt_content(
             body.get("prompt" if kind == "completions" else "input"), config
@@ -296,34 +332,19 @@ def _headers(headers: Mapping[str, str], names: Sequence[str]) -> dict[str, str]
     return found
 
 
-def _conversation(
-    kind: str | None, session: str | None, body: Mapping[str, Any] | None, config: KeyConfig
-) -> str | None:
-    if session:
-        return session
-    if not _is_mapping(body):
-        return None
-    assert body is not None
-    user = body.get("user")
-    if isinstance(user, str) and user:
-        return user
-    if kind != "chat":
-        return None
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return None
-    for message in messages:
-        if _is_mapping(message) and message.get("role") == "user":
-            text = _identity_text(message.get("content"))[: config.max_prefix_chars]
-            if not text:
-                return None  # an empty opener would merge unrelated conversations into one
-            model = body.get("model")
-            seed = f"{model if isinstance(model, str) else ''}{_HEADER_END}{text}"
-            return "c-" + xxhash.xxh3_128_hexdigest(seed.encode("utf-8", "surrogatepass"))
-    return None
+def _opener_identity(body: Mapping[str, Any], opener: Mapping[str, Any],
+                     config: KeyConfig) -> str | None:
+    """The conversation identity derived from a chat's first user message (`_walk`'s
+    ``opener``): the hash of the model and the opener's identity text; None for an empty one."""
+    text = _identity_text(opener.get("content"))[: config.max_prefix_chars]
+    if not text:
+        return None  # an empty opener would merge unrelated conversations into one
+    model = body.get("model")
+    seed = f"{model if isinstance(model, str) else ''}{_HEADER_END}{text}"
+    return "c-" + xxhash.xxh3_128_hexdigest(seed.encode("utf-8", "surrogatepass"))
 
 
-def _chat_content(body: Mapping[str, Any]) -> str:
+def _chat_content(body: Mapping[str, Any], lead: int | None = None) -> str:
     parts: list[str] = []
     tools = body.get("tools")
     if tools:
@@ -334,10 +355,10 @@ def _chat_content(body: Mapping[str, Any]) -> str:
         parts.append(f"tools{_FIELD}{dumped}{_RECORD}")
     messages = body.get("messages")
     if isinstance(messages, list):
-        for message in messages:
-            role = message.get("role") if _is_mapping(message) else None
-            if not isinstance(role, str) or role not in _CHAT_ROLES:  # a list is not hashable
-                break
+        if lead is None:
+            lead = _leading(messages)
+        for i in range(lead):
+            message = messages[i]
             text, complete = _text_parts(message.get("content"))
             parts.append(f"{message['role']}{_FIELD}{text}")
             if not complete:
