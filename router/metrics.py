@@ -68,6 +68,9 @@ class DistinctKeys:
         self._now = time.monotonic
         self._slots: list[bytearray] = [bytearray(self.M) for _ in range(self.WINDOWS)]
         self._slot_epoch: list[int] = [-1] * self.WINDOWS
+        # the sub-window `add` writes to, valid for times in [_from, _until)
+        self._regs = self._slots[0]
+        self._from = self._until = 0.0
 
     def _slot(self, now: float) -> bytearray:
         epoch = int(now // self.WINDOW_SECONDS)
@@ -82,7 +85,15 @@ class DistinctKeys:
         idx = h >> (64 - self.P)
         rest = h & ((1 << (64 - self.P)) - 1)
         rank = (64 - self.P) - rest.bit_length() + 1
-        regs = self._slot(self._now() if now is None else now)
+        if now is None:
+            now = self._now()
+        if self._from <= now < self._until:
+            regs = self._regs
+        else:
+            regs = self._regs = self._slot(now)
+            epoch = int(now // self.WINDOW_SECONDS)
+            self._from = epoch * self.WINDOW_SECONDS
+            self._until = self._from + self.WINDOW_SECONDS
         if regs[idx] < rank:
             regs[idx] = rank
 

@@ -226,17 +226,19 @@ class Routed:
         return max(0.0, float(self.prompt_tokens - self.cached.get(replica, 0)))
 
     def started(self, replica: ReplicaState) -> None:
-        self._unreserve()
-        cost = self.prefill_on(replica.name)
-        self._open[replica.name] = cost
+        if self._reserved is not None:
+            self._unreserve()
+        name = replica.name
+        cost = max(0.0, float(self.prompt_tokens - self.cached.get(name, 0)))  # prefill_on
+        self._open[name] = cost
         replica.unstarted += 1
         replica.pending_prefill += cost
         if self._in_flight is not None:
-            self._in_flight.add(replica.name, self.chunks, self)
+            self._in_flight.add(name, self.chunks, self)
         if self._on_start is not None:
-            self._on_start(replica.name, cost)
+            self._on_start(name, cost)
         if self._peers is not None:
-            self._peers.started(self, replica.name, cost)
+            self._peers.started(self, name, cost)
 
     def _release(self, replica: ReplicaState) -> None:
         cost = self._open.pop(replica.name, None)
@@ -446,13 +448,16 @@ class Router:
 
     def _counted(self, replica: str, prefill: float) -> None:
         """`_priced`, and the dispatch counts in the long-run request share of ``replica``."""
-        self._priced(replica, prefill)
+        self._mean_prefill += _EMA * (prefill - self._mean_prefill)  # `_priced`
         if self.share is not None:
             self.share.add(replica, self.settings.share_window * self._fleet)
 
     def _dispatched(self, replica: str, prefill: float) -> None:
-        """`_counted`, and the dispatch counts in the recent request counts of ``replica``."""
-        self._counted(replica, prefill)
+        """`_counted`, and the dispatch counts in the recent request counts of ``replica``
+        (`_counted` inlined: once per dispatch)."""
+        self._mean_prefill += _EMA * (prefill - self._mean_prefill)  # `_priced`
+        if self.share is not None:
+            self.share.add(replica, self.settings.share_window * self._fleet)
         if self.recent is not None:
             self.recent.add(replica, self.settings.rate_window * self._fleet)
 
