@@ -43,7 +43,8 @@ __all__ = [
     "HeaderFieldsTooLarge", "InvalidRequest", "ModelNotFound", "NoReplicaAvailable", "NotFound",
     "PayloadTooLarge", "RequestTimeout", "RouterError", "StreamCancelled", "TooManyConnections",
     "TooManyRequests", "Unauthorized", "UpstreamConnectError", "UpstreamError", "UpstreamTimeout",
-    "UriTooLong", "error_body", "raw_response", "sse_error_event", "translate_upstream"
+    "UriTooLong", "error_body", "raw_response", "sse_error_event", "translate_upstream",
+    "upstream_error"
 ]
 
 
@@ -192,9 +193,35 @@ def sse_error_event(err: RouterError) -> bytes:
     return b"data: " + error_body(err) + b"\n\n"
 
 
+def upstream_error(exc: BaseException, replica: str, phase: str,
+                   before_response: bool = False) -> UpstreamError | None:
+    """The UpstreamError a transport failure talking to ``replica`` becomes (``phase`` is for
+    the message); None when ``exc`` is already one, is not an Exception (cancellation) or is
+    not a transport failure: it then propagates unchanged. `translate_upstream` as a function,
+    for a ``try``/``except`` on the proxy's hot path (free while nothing is raised)."""
+    if isinstance(exc, UpstreamError) or not isinstance(exc, Exception):
+        return None
+    where = f"replica {replica}"
+    err: UpstreamError
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        # the TCP connect timed out: the replica never saw the request, like a refusal
+        err = UpstreamConnectError(f"{where} unreachable ({phase}: connect timeout)")
+    elif isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+        err = UpstreamTimeout(f"{where} timed out ({phase})")
+    elif isinstance(exc, aiohttp.ClientConnectionError | ConnectionError):
+        # connection refused/reset/closed: the replica never produced a response we relayed
+        err = UpstreamConnectError(f"{where} unreachable ({phase})")
+    elif isinstance(exc, aiohttp.ClientError | OSError):
+        err = UpstreamError(f"{where} failed ({phase}: {type(exc).__name__})")
+    else:
+        return None
+    err.before_response = before_response
+    return err
+
+
 class translate_upstream:
     """Re-raise transport failures talking to `replica` as UpstreamError (`phase` is for the
-    message). A class rather than @contextmanager: it runs twice per proxied request and a
+    message; the mapping is `upstream_error`'s). A class rather than @contextmanager: a
     generator-based context manager costs several times more."""
 
     __slots__ = ("before_response", "phase", "replica")
@@ -209,21 +236,8 @@ class translate_upstream:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if exc is None or isinstance(exc, UpstreamError) or not isinstance(exc, Exception):
-            return  # nothing raised, already translated, or cancellation: propagate unchanged
-        where = f"replica {self.replica}"
-        err: UpstreamError
-        if isinstance(exc, aiohttp.ConnectionTimeoutError):
-            # the TCP connect timed out: the replica never saw the request, like a refusal
-            err = UpstreamConnectError(f"{where} unreachable ({self.phase}: connect timeout)")
-        elif isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
-            err = UpstreamTimeout(f"{where} timed out ({self.phase})")
-        elif isinstance(exc, aiohttp.ClientConnectionError | ConnectionError):
-            # connection refused/reset/closed: the replica never produced a response we relayed
-            err = UpstreamConnectError(f"{where} unreachable ({self.phase})")
-        elif isinstance(exc, aiohttp.ClientError | OSError):
-            err = UpstreamError(f"{where} failed ({self.phase}: {type(exc).__name__})")
-        else:
+        if exc is None:
             return
-        err.before_response = self.before_response
-        raise err from exc
+        err = upstream_error(exc, self.replica, self.phase, self.before_response)
+        if err is not None:
+            raise err from exc

@@ -59,6 +59,7 @@ from router.errors import (
     UpstreamError,
     sse_error_event,
     translate_upstream,
+    upstream_error,
 )
 from router.health import HealthMonitor
 from router.limits import DISCONNECT_HOOK, DISCONNECTED
@@ -388,10 +389,15 @@ class Forwarder:
         failure: str | None = "cancelled"  # for the trace: why the attempt did not succeed
         try:
             try:
-                with translate_upstream(name, "connect/headers", before_response=True):
+                try:
                     resp = await up.pool.request(
                         target.origin, method, target.target, headers, body,
                         connect_timeout=s.connect_timeout, read_timeout=s.first_byte_timeout)
+                except Exception as exc:  # translate_upstream's mapping, free when nothing raised
+                    err = upstream_error(exc, name, "connect/headers", before_response=True)
+                    if err is None:
+                        raise
+                    raise err from exc
             except UpstreamError as exc:
                 status, failure = exc.status, exc.reason
                 up.health.record_failure(replica, exc.reason)
@@ -445,8 +451,13 @@ class Forwarder:
         headers = strip_hop_by_hop(resp.headers)
         if self.up.settings.replica_header:
             headers.append((REPLICA_HEADER, replica.name.encode()))
-        with translate_upstream(replica.name, "first byte", before_response=True):
+        try:
             first = await resp.read_chunk(self.up.settings.first_byte_timeout)
+        except Exception as exc:  # translate_upstream's mapping, free when nothing raised
+            err = upstream_error(exc, replica.name, "first byte", before_response=True)
+            if err is None:
+                raise
+            raise err from exc
         ttfb = time.perf_counter() - t0
         record.ttfb_ms = ttfb * 1000  # here, not by the caller: a cancelled relay keeps it
         tap = None

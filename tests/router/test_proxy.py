@@ -269,6 +269,24 @@ def test_translate_upstream(raised: Exception, expected: type[UpstreamError]) ->
     assert err.value.__cause__ is raised
 
 
+def test_upstream_error_is_translate_upstreams_mapping() -> None:
+    """The proxy's hot path maps with `upstream_error` in a try/except: the same error types,
+    messages and before_response flag as the context manager, None where it lets go."""
+    from router.errors import upstream_error
+
+    for raised in (TimeoutError(), aiohttp.ServerTimeoutError("read"),
+                   aiohttp.ConnectionTimeoutError("c"), aiohttp.ServerDisconnectedError(),
+                   ConnectionResetError(), aiohttp.ClientPayloadError("bad"), OSError("weird")):
+        for before in (False, True):
+            with pytest.raises(UpstreamError) as err, translate_upstream("r7", "p", before):
+                raise raised
+            got = upstream_error(raised, "r7", "p", before)
+            assert got is not None and type(got) is type(err.value)
+            assert (str(got), got.before_response) == (str(err.value), err.value.before_response)
+    for other in (ValueError("x"), asyncio.CancelledError(), UpstreamTimeout("already")):
+        assert upstream_error(other, "r7", "p") is None
+
+
 def test_translate_upstream_leaves_other_exceptions_alone() -> None:
     with pytest.raises(ValueError), translate_upstream("r7", "x"):
         raise ValueError("not a transport failure")

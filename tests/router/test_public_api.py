@@ -53,7 +53,8 @@ PINNED: dict[str, list[str]] = {
         "HeaderFieldsTooLarge", "InvalidRequest", "ModelNotFound", "NoReplicaAvailable", "NotFound",
         "PayloadTooLarge", "RequestTimeout", "RouterError", "StreamCancelled", "TooManyConnections",
         "TooManyRequests", "Unauthorized", "UpstreamConnectError", "UpstreamError", "UpstreamTimeout",
-        "UriTooLong", "error_body", "raw_response", "sse_error_event", "translate_upstream"
+        "UriTooLong", "error_body", "raw_response", "sse_error_event", "translate_upstream",
+        "upstream_error"
     ],
     "router.chunks": ["Chunks", "MAX_CHUNKS", "MESSAGE_TOKENS", "NO_CHUNKS", "request_chunks"],
     "router.health": [
