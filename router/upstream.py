@@ -33,8 +33,12 @@ resetting before the head `ServerDisconnectedError`, after it (body incomplete)
 `ClientPayloadError`, as is a response llhttp cannot parse. `Response.set_exception` fails
 the pending and later reads (the proxy's idle watchdog).
 
+Read timeouts: one timer per connection (`_Connection.deadline`), kept across waits and
+exchanges, fails the pending wait once its deadline passed and re-arms itself for a later one.
+
 Cost per exchange on a reused connection: one write, the parser's callbacks per read (a few per
-response), one future per wait and one timer per timed wait; no task.
+response), one future per wait, a deadline (a clock read) per timed wait and no timer while
+the connection's timer is still armed; no task.
 """
 
 from __future__ import annotations
@@ -123,18 +127,12 @@ class Response:
 
     async def _wait(self, limit: float | None) -> None:
         w = self._waiter = self._loop.create_future()
-        timer = None if limit is None else self._loop.call_later(
-            limit, self._timed_out, w, limit)
+        if limit is not None:
+            self._conn.deadline(w, limit)
         try:
             await w
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
-
-    def _timed_out(self, w: asyncio.Future[None], timeout: float) -> None:
-        if not w.done():
-            w.set_exception(aiohttp.SocketTimeoutError(f"no data for {timeout:g} s"))
 
     async def head(self, limit: float | None) -> None:
         """Wait for the response head (status and headers set), each wait for bytes at most
@@ -199,6 +197,13 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.closed = False
         self.paused = False
+        # the timed wait (`deadline`): its future, limit and deadline, and the one timer that
+        # checks it, kept across waits and exchanges (re-armed only when it fired early)
+        self._timed: asyncio.Future[None] | None = None
+        self._limit = 0.0
+        self._at = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
 
     # asyncio.Protocol ---------------------------------------------------------------------
 
@@ -280,6 +285,36 @@ class _Connection(asyncio.Protocol):
 
     # pool side ----------------------------------------------------------------------------
 
+    def deadline(self, w: asyncio.Future[None], limit: float) -> None:
+        """Fail ``w`` with SocketTimeoutError unless it is done within ``limit`` seconds.
+
+        One timer per connection instead of one per wait: a wait sets the deadline; the timer,
+        when it fires, fails the current wait if its deadline passed, re-arms itself for it
+        if not, and stops when no wait is pending. A new timer is needed only when none is
+        armed or the armed one would fire after the new deadline."""
+        loop = self.pool.loop
+        at = loop.time() + limit
+        self._timed, self._limit, self._at = w, limit, at
+        timer = self._timer
+        if timer is None or self._timer_at > at:
+            if timer is not None:
+                timer.cancel()
+            self._timer = loop.call_at(at, self._expire)
+            self._timer_at = at
+
+    def _expire(self) -> None:
+        self._timer = None
+        w = self._timed
+        if w is None or w.done():
+            self._timed = None
+            return
+        if self.pool.loop.time() >= self._at:
+            self._timed = None
+            w.set_exception(aiohttp.SocketTimeoutError(f"no data for {self._limit:g} s"))
+        else:
+            self._timer = self.pool.loop.call_at(self._at, self._expire)
+            self._timer_at = self._at
+
     def pause(self) -> None:
         if not self.paused and self.transport is not None:
             self.paused = True
@@ -317,6 +352,10 @@ class _Connection(asyncio.Protocol):
     def close(self) -> None:
         self.resp = None
         self.parser = None
+        self._timed = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if not self.closed:
             self.closed = True
             if self.transport is not None:

@@ -361,3 +361,33 @@ def test_reading_pauses_above_the_high_water_mark(loop_kind: str) -> None:
             await pool.close()
 
     run(loop_kind, main())
+
+
+@pytest.mark.parametrize("loop_kind", LOOPS)
+@pytest.mark.parametrize(("first", "second"), [(0.05, 0.4), (5.0, 0.1)])
+def test_one_timer_per_connection_keeps_each_waits_own_deadline(loop_kind: str, first: float,
+                                                                second: float) -> None:
+    """Exchange 1 on a connection arms its timer for ``first``; exchange 2 on the same
+    connection (stalled) must fail after its own ``second``: re-armed when the old timer
+    fires early (0.05 then 0.4), a new timer when the old one would fire late (5.0 then 0.1)."""
+    async def main() -> None:
+        async def answers_once(srv: Server, reader: asyncio.StreamReader,
+                               writer: asyncio.StreamWriter) -> None:
+            await srv.take(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            await srv.take(reader)
+            await reader.read()  # never answers the second
+
+        async with Server(answers_once) as srv:
+            pool = UpstreamPool()
+            assert await body_of(await request(pool, srv, read_timeout=first)) == b"ok"
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            with pytest.raises(aiohttp.SocketTimeoutError):
+                await request(pool, srv, read_timeout=second)
+            assert srv.connections == 1
+            assert loop.time() - t0 >= second * 0.9  # never at exchange 1's earlier deadline
+            await pool.close()
+
+    run(loop_kind, main())
