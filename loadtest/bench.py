@@ -34,17 +34,18 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from loadtest.cells import (
-    _SMALL_PROMPTS,
     BASE_REPLICAS,
     FLEETS,
+    SIM_WORKLOADS,
     SPLIT_FLEETS,
     WORKLOADS,
     BenchWorkload,
+    SimWorkload,
     cell_requests,
     mooncake_slice,
 )
@@ -58,26 +59,6 @@ __all__ = ["BASE_REPLICAS", "FLEETS", "SIM_WORKLOADS", "SPLIT_FLEETS", "WORKLOAD
            "split_setups"]
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@dataclass(frozen=True)
-class SimWorkload:
-    name: str
-    requests: int
-    rate: float
-    kv_blocks: int
-    spec: dict[str, Any] = field(default_factory=dict)
-    replicas: int = 64
-
-
-SIM_WORKLOADS = (
-    SimWorkload("shared-prefix", 3000, 240.0, 768, {"prompts": 256}),
-    SimWorkload("multi-turn", 3000, 240.0, 768, {"prompts": 256, "turns": 4}),
-    SimWorkload("rag", 3000, 200.0, 1024, {**_SMALL_PROMPTS, "prompts": 16,
-                                           "min_doc_tokens": 150, "max_doc_tokens": 500,
-                                           "turns": 3}),
-    SimWorkload("agent", 2000, 60.0, 2048, {**_SMALL_PROMPTS, "prompts": 8}),
-)
 
 
 def default_policy() -> str:
