@@ -272,7 +272,7 @@ def _table(cells: Sequence[str], fleets: Sequence[int], seeds: Sequence[int],
 
 
 def _hit_rows(cells: Sequence[str], fleets: Sequence[int], seeds: Sequence[int],
-              target: float, sim: bool, kv: bool) -> list[dict[str, Any]]:
+              target: float, sim: bool, kv_seeds: Sequence[int]) -> list[dict[str, Any]]:
     """`cell_bounds` of the `make bench` cells, the 64-replica simulation workloads (seed 0,
     as `make bench` runs them) and the cache-pressure cells of `loadtest.bench_kv`."""
     from loadtest.ceiling import request_prompts
@@ -298,15 +298,15 @@ def _hit_rows(cells: Sequence[str], fleets: Sequence[int], seeds: Sequence[int],
                          "requests": len(sreqs),
                          **cell_bounds(sim_prompts(sreqs, 16, sw.kv_blocks), sw.replicas,
                                        sw.kv_blocks, 16, target, len(sreqs))})
-    if kv:
-        rows += _kv_rows(target)
+    for seed in kv_seeds:
+        rows += _kv_rows(target, seed)
     return rows
 
 
-def _kv_rows(target: float) -> list[dict[str, Any]]:
-    """The cache-pressure cells: over HTTP (`loadtest.bench_kv`'s default 240 requests and the
-    steady 720-request run, its default seed 2026, 4 replicas) and in the simulator (its
-    ``--simulate`` cells, seed 2026)."""
+def _kv_rows(target: float, seed: int) -> list[dict[str, Any]]:
+    """The cache-pressure cells at ``seed`` (`loadtest.bench_kv`'s default: 2026): over HTTP
+    (its default 240 requests and the steady 720-request run, 4 replicas) and in the simulator
+    (its ``--simulate`` cells)."""
     from dataclasses import replace
 
     from loadtest.bench_kv import CACHE_PRESSURE, SIM_CELLS, SIM_FLEET, SIM_SPEC
@@ -318,23 +318,23 @@ def _kv_rows(target: float) -> list[dict[str, Any]]:
     for requests in (CACHE_PRESSURE.requests, 3 * CACHE_PRESSURE.requests):
         w = replace(CACHE_PRESSURE, requests=requests)
         with tempfile.TemporaryDirectory(prefix="bound-") as tmp:
-            reqs, _meta = cell_requests(w, 2026, Path(tmp))
+            reqs, _meta = cell_requests(w, seed, Path(tmp))
         f = w.fleet
         ps = request_prompts(reqs, f.block_size, f.kv_blocks)
         rows.append({"cell": f"cache-pressure, {f.replicas} (HTTP, {requests} requests)",
-                     "seed": 2026, "requests": len(reqs),
+                     "seed": seed, "requests": len(reqs),
                      **cell_bounds(ps, f.replicas, f.kv_blocks, f.block_size, target,
                                    len(reqs))})
     shapes: dict[tuple[int, ...], list[float]] = {}  # the rate only spaces the same requests
     for replicas, n, rate, groups, lo, hi in SIM_CELLS:
         shapes.setdefault((replicas, n, groups, lo, hi), []).append(rate)
     for (replicas, n, groups, lo, hi), rates in shapes.items():
-        sreqs = workload_requests("cache-pressure", n, 2026, rates[0], prompts=groups,
+        sreqs = workload_requests("cache-pressure", n, seed, rates[0], prompts=groups,
                                   min_prompt_tokens=lo, max_prompt_tokens=hi, **SIM_SPEC)
         kv = SIM_FLEET["kv_blocks"]
         at = " and ".join(f"{r:g}/s" for r in rates)
         rows.append({"cell": f"cache-pressure, {replicas} (simulated, {n} requests, {at})",
-                     "seed": 2026, "requests": len(sreqs),
+                     "seed": seed, "requests": len(sreqs),
                      **cell_bounds(sim_prompts(sreqs, 16, kv), replicas, kv, 16, target,
                                    len(sreqs))})
     return rows
@@ -353,8 +353,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="the conversation-balance table, the hit-bound table, or both")
     p.add_argument("--no-sim", action="store_true",
                    help="hit bounds: leave out the 64-replica simulation workloads")
+    p.add_argument("--kv-seed", type=int, action="append",
+                   help="hit bounds: seeds of the cache-pressure cells (loadtest.bench_kv; "
+                        "default: its 2026)")
     p.add_argument("--no-kv", action="store_true",
-                   help="hit bounds: leave out the cache-pressure cells (loadtest.bench_kv)")
+                   help="hit bounds: leave out the cache-pressure cells")
     args = p.parse_args(argv)
     cells = args.cell or [w.name for w in WORKLOADS]
     seeds = args.seed or [0]
@@ -374,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| cell | seed | requests | one-cache LRU ceiling | bound, no cap | bound at "
               f"max/mean <= {t} | OPT bound (Belady) |")
         print("|---|---:|---:|---:|---:|---:|---:|")
-        for r in _hit_rows(cells, FLEETS, seeds, args.target, not args.no_sim, not args.no_kv):
+        kv_seeds = [] if args.no_kv else (args.kv_seed or [2026])
+        for r in _hit_rows(cells, FLEETS, seeds, args.target, not args.no_sim, kv_seeds):
             print(f"| {r['cell']} | {r['seed']} | {r['requests']} | "
                   f"{100 * r['ceiling']['hit_rate']:.2f} % | "
                   f"{100 * r['infinite']['hit_rate']:.2f} % | "
