@@ -351,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cell", action="append", help="bench workloads (default: all)")
     p.add_argument("--table", choices=["balance", "hits", "both"], default="both",
                    help="the conversation-balance table, the hit-bound table, or both")
+    p.add_argument("--no-bench", action="store_true",
+                   help="hit bounds: leave out the `make bench` cells")
     p.add_argument("--no-sim", action="store_true",
                    help="hit bounds: leave out the 64-replica simulation workloads")
     p.add_argument("--kv-seed", type=int, action="append",
@@ -378,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
               f"max/mean <= {t} | OPT bound (Belady) |")
         print("|---|---:|---:|---:|---:|---:|---:|")
         kv_seeds = [] if args.no_kv else (args.kv_seed or [2026])
-        for r in _hit_rows(cells, FLEETS, seeds, args.target, not args.no_sim, kv_seeds):
+        for r in _hit_rows([] if args.no_bench else cells, FLEETS, seeds, args.target,
+                           not args.no_sim, kv_seeds):
             print(f"| {r['cell']} | {r['seed']} | {r['requests']} | "
                   f"{100 * r['ceiling']['hit_rate']:.2f} % | "
                   f"{100 * r['infinite']['hit_rate']:.2f} % | "
