@@ -377,10 +377,11 @@ class Router:
                 # a new conversation behind a known preamble: onto the replica that took the
                 # least new content lately (the least eviction pressure), ring order on ties
                 walk.sort(key=lambda n: index.inserted(n))
-            elif not cached:
+            elif not cached and key.source is not KeySource.HEADER:
                 # nothing of it cached anywhere: a replica that holds nothing and has nothing
                 # in flight (a fresh fleet, a replica added or restarted) takes it first, in
-                # walk order - otherwise two prefixes sharing a home leave a replica idle
+                # walk order - otherwise two prefixes sharing a home leave a replica idle. An
+                # X-Prefix-Hash key is the client's own placement: always its ring home
                 busy = {r.name for r in available if r.unstarted or r.load() > 0}
                 walk.sort(key=lambda n: n in busy or index.used(n) > 0)
             rank = {n: i for i, n in enumerate(walk)}

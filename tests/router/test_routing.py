@@ -363,3 +363,12 @@ def test_a_new_prefix_fills_an_empty_replica_before_its_home(
     assert routed.decision.replica == walk[expect], why
     # the placement's home: the ring home, or the empty replica that stood in for it
     assert (routed.decision.branch, routed.decision.home) == (Branch.HOME, walk[expect]), why
+
+
+def test_an_x_prefix_hash_key_goes_to_its_ring_home_even_with_empty_replicas() -> None:
+    r = router()
+    walk = list(r.replicas.ring.walk("client-key"))
+    _warm(r, walk[0], "content held by the home " * 50)  # the others are empty
+    routed = r.route(CHAT, {"x-prefix-hash": "client-key"}, body("q", system="unseen " * 60), 1)
+    assert routed is not None
+    assert (routed.decision.replica, routed.decision.branch) == (walk[0], Branch.OVERRIDE)
