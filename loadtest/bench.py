@@ -7,7 +7,9 @@ Three parts, run one after the other on this machine:
    every routing setup (`setups`: the router with each of its policies, default first, nginx,
    sglang-router cache_aware and round_robin), a fresh simulated fleet per setup; on the
    `SPLIT_FLEETS` cells also the default policy as 1, 2 and 4 processes behind the round-robin
-   splitter and sglang-router as 2 (`split_setups`). Each cell also gets its one-cache ceiling;
+   splitter and sglang-router as 2 (`split_setups`). Each cell also gets its one-cache ceiling
+   and its hit-rate bounds (`bounds`: any router's best hit rate at max/mean <= 1.3, which the
+   targets table holds against sglang-router's);
 2. overhead (`loadtest.overhead`): proxy CPU per request / per chunk and added latency, with the
    judged policies (`judged`: the default, and cache_aware while it is not the default);
 3. simulate (`loadtest.simulate`): the discrete-event simulator at 64 replicas (`SIM_WORKLOADS`),
@@ -34,17 +36,18 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from loadtest.cells import (
-    _SMALL_PROMPTS,
     BASE_REPLICAS,
     FLEETS,
+    SIM_WORKLOADS,
     SPLIT_FLEETS,
     WORKLOADS,
     BenchWorkload,
+    SimWorkload,
     cell_requests,
     mooncake_slice,
 )
@@ -58,26 +61,6 @@ __all__ = ["BASE_REPLICAS", "FLEETS", "SIM_WORKLOADS", "SPLIT_FLEETS", "WORKLOAD
            "split_setups"]
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@dataclass(frozen=True)
-class SimWorkload:
-    name: str
-    requests: int
-    rate: float
-    kv_blocks: int
-    spec: dict[str, Any] = field(default_factory=dict)
-    replicas: int = 64
-
-
-SIM_WORKLOADS = (
-    SimWorkload("shared-prefix", 3000, 240.0, 768, {"prompts": 256}),
-    SimWorkload("multi-turn", 3000, 240.0, 768, {"prompts": 256, "turns": 4}),
-    SimWorkload("rag", 3000, 200.0, 1024, {**_SMALL_PROMPTS, "prompts": 16,
-                                           "min_doc_tokens": 150, "max_doc_tokens": 500,
-                                           "turns": 3}),
-    SimWorkload("agent", 2000, 60.0, 2048, {**_SMALL_PROMPTS, "prompts": 8}),
-)
 
 
 def default_policy() -> str:
@@ -130,6 +113,7 @@ def run_compare(cells: tuple[BenchWorkload, ...], names: list[str], split: list[
                       workdir / slug(w.key))
         block = res["workloads"][w.key]
         block["fleet"] = asdict(w.fleet)
+        block["bounds"] = bounds(reqs, w)
         if not merged:
             merged = res
             merged.pop("fleet", None)  # per cell
@@ -138,6 +122,19 @@ def run_compare(cells: tuple[BenchWorkload, ...], names: list[str], split: list[
     merged["ours"] = f"router-{default_policy()}"
     merged["judged"] = judged()
     return merged
+
+
+def bounds(reqs: list[Any], w: BenchWorkload) -> dict[str, Any]:
+    """The cell's hit-rate bounds (`loadtest.balance_bound.cell_bounds`: the LRU ceiling, any
+    router's hit bound without and with max/mean <= `loadtest.targets.MAX_LOAD`, Belady's OPT
+    over the fleet's capacity) from the requests alone; the targets table reads ``at_target``."""
+    from loadtest.balance_bound import cell_bounds
+    from loadtest.ceiling import request_prompts
+    from loadtest.targets import MAX_LOAD
+
+    f = w.fleet
+    return cell_bounds(request_prompts(reqs, f.block_size, f.kv_blocks), f.replicas,
+                       f.kv_blocks, f.block_size, MAX_LOAD, len(reqs))
 
 
 def run_overhead(workdir: Path, quick: bool) -> dict[str, Any]:

@@ -19,7 +19,10 @@ on cache-pressure also 1, 2 and 4 precise router processes behind the round-robi
 and 4 of them sharing in-flight state (``+peers``: ``routing.peers`` over ipc sockets) and
 sglang-router x2. Per run: the fleet's own hit rate (token counters), the client's TTFT, the
 router processes' CPU seconds per request (/proc schedstat of their PIDs) and, for the router,
-its predicted and the replicas' reported cached tokens (its /metrics).
+its predicted and the replicas' reported cached tokens (its /metrics). Per cell, from the requests
+alone: the one-cache LRU ceiling (a reference) and the OPT bound (`loadtest.ceiling.opt_bound`,
+Belady's optimal eviction over the fleet's capacity: no router's hit rate exceeds it), which
+the cache-pressure verdict holds against sglang-router's hit rate + 5 points (issue #21).
 
 ``--simulate`` runs the cache-pressure workload in `loadtest.simulate` instead (llm-d's 8
 replicas, its 150 groups; near capacity and at a lower load; precise routing with events that
@@ -43,7 +46,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from loadtest.ceiling import fleet_ceiling
+from loadtest.ceiling import opt_bound, replay, request_prompts
 from loadtest.cells import WORKLOADS, BenchWorkload, cell_requests
 from loadtest.compare import FleetParams, machine_info, metrics_text, plan_for, setup_on_fleet
 from loadtest.doc_blocks import replace_block
@@ -58,7 +61,8 @@ from loadtest.setups import (
 )
 
 __all__ = ["BLOCK", "CACHE_PRESSURE", "SETUPS", "SIM_BLOCK", "SPLIT", "STEADY_BLOCK",
-           "cached_counters", "main", "render", "render_simulated", "run_simulated", "shown_args"]
+           "cached_counters", "cell_bounds", "main", "render", "render_simulated", "run_simulated",
+           "shown_args"]
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = "kv-events"
@@ -98,6 +102,17 @@ def _pids(launched: Launched) -> list[int]:
     return [p.pid for p in procs if p.pid is not None]
 
 
+def cell_bounds(reqs: list[Any], w: BenchWorkload) -> dict[str, Any]:
+    """``ceiling``: the requests through one LRU cache of the fleet's capacity (a reference,
+    not a bound: LRU is not optimal); ``opt_bound``: Belady's MIN over the same capacity
+    (`loadtest.ceiling.opt_bound`), which no router's hit rate exceeds."""
+    f = w.fleet
+    size = None if f.kv_blocks is None else f.replicas * f.kv_blocks
+    prompts = list(request_prompts(reqs, f.block_size, f.kv_blocks))
+    return {"ceiling": replay(prompts, size, f.block_size).to_json(),
+            "opt_bound": opt_bound(prompts, size, f.block_size).to_json()}
+
+
 def run_cell(w: BenchWorkload, setups: list[str], workdir: Path, seed: int,
              tokenizer_dir: Path) -> dict[str, Any]:
     reqs, meta = cell_requests(w, seed, workdir / w.name)
@@ -106,11 +121,9 @@ def run_cell(w: BenchWorkload, setups: list[str], workdir: Path, seed: int,
                 max_time=max(120.0, 1.5 * len(reqs) / w.rate))
     cell: dict[str, Any] = {"workload": meta, "fleet": {"replicas": w.fleet.replicas,
                                                         "kv_blocks": w.fleet.kv_blocks},
-                            "setups": {}, "failed": {},
-                            "ceiling": fleet_ceiling(reqs, w.fleet.replicas, w.fleet.kv_blocks,
-                                                     w.fleet.block_size).to_json()}
-    print(f"[{w.name}] one-cache ceiling: hit {cell['ceiling']['hit_rate']:.3f}",
-          file=sys.stderr, flush=True)
+                            "setups": {}, "failed": {}, **cell_bounds(reqs, w)}
+    print(f"[{w.name}] one-cache ceiling: hit {cell['ceiling']['hit_rate']:.3f}, OPT bound "
+          f"{cell['opt_bound']['hit_rate']:.3f}", file=sys.stderr, flush=True)
     for name in setups:
         setup = parse_setup(name)
         if setup.unavailable():
@@ -177,9 +190,14 @@ def render(data: dict[str, Any], block: str = BLOCK) -> str:
                   "| output tok/s | router CPU µs/req | predicted / reported |",
                   "|---|---|---|---|---|---|---|---|---|"]
         ceiling = (cell.get("ceiling") or {}).get("hit_rate")
+        opt = (cell.get("opt_bound") or {}).get("hit_rate")
         if ceiling is not None:
             lines.insert(-2, f"One-cache ceiling (the same requests through one LRU cache of "
-                             f"the fleet's total capacity, `loadtest.ceiling`): {ceiling:.1%}.\n")
+                             f"the fleet's total capacity, `loadtest.ceiling`): {ceiling:.1%}"
+                             + ("" if opt is None else
+                                f"; OPT bound (Belady's optimal eviction over that capacity, "
+                                f"`loadtest.ceiling.opt_bound`: no router exceeds it): "
+                                f"{opt:.1%}") + ".\n")
         for name, r in cell["setups"].items():
             pr = (f"{r['predicted'] / r['reported']:.3f}" if r.get("reported") else "-")
             of = f"{r['hit_rate'] / ceiling:.2f}" if ceiling else "-"
@@ -194,6 +212,29 @@ def render(data: dict[str, Any], block: str = BLOCK) -> str:
     return "\n".join(lines)
 
 
+def _bound_verdicts(cell: dict[str, Any], sglang_hit: float) -> list[str]:
+    """The LRU ceiling (a reference) and the OPT bound (a proof) against sglang-router's hit
+    rate + 5 points (issue #21's hit-rate target)."""
+    out = []
+    ceiling = (cell.get("ceiling") or {}).get("hit_rate")
+    opt = (cell.get("opt_bound") or {}).get("hit_rate")
+    if ceiling is not None:
+        room = (ceiling - sglang_hit) * 100
+        out.append(f"- cache-pressure one-cache ceiling {ceiling:.1%}: {room:+.1f} points from "
+                   "sglang-router's hit rate (one LRU cache of the fleet's capacity: a "
+                   "reference, not a bound - LRU is not the optimal eviction).")
+    if opt is not None:
+        need = sglang_hit + 0.05
+        out.append(f"- cache-pressure OPT bound {opt:.1%} (Belady's MIN over the fleet's "
+                   f"capacity: no router exceeds it): sglang-router's hit rate + 5 points = "
+                   f"{need:.1%} "
+                   + ("exceeds it - the +5 target is infeasible for any router on these "
+                      "requests." if need > opt else
+                      f"is within it ({(opt - need) * 100:.1f} points below) - the bound does "
+                      "not rule the +5 target out."))
+    return out
+
+
 def verdicts(data: dict[str, Any]) -> list[str]:
     out = []
     cp = data["cells"].get("cache-pressure", {}).get("setups", {})
@@ -204,13 +245,7 @@ def verdicts(data: dict[str, Any]) -> list[str]:
         out.append(f"- cache-pressure: precise TTFT p90 {ratio:.2f}x sglang-router's (target "
                    f"<= 0.5: {'met' if ratio <= 0.5 else 'not met'}), hit rate "
                    f"{gain:+.1f} points (target >= +5: {'met' if gain >= 5 else 'not met'}).")
-        ceiling = (data["cells"]["cache-pressure"].get("ceiling") or {}).get("hit_rate")
-        if ceiling is not None:
-            room = (ceiling - sg["hit_rate"]) * 100
-            out.append(f"- cache-pressure one-cache ceiling {ceiling:.1%}: {room:+.1f} points from "
-                       f"sglang-router's hit rate"
-                       + (" - no placement gains the target's 5 points here." if room < 5
-                          else "."))
+        out += _bound_verdicts(data["cells"]["cache-pressure"], sg["hit_rate"])
     for key, cell in data["cells"].items():
         s = cell["setups"]
         a, p = s.get("router-cache_aware"), s.get("router-cache_aware+kv")
@@ -248,15 +283,18 @@ SIM_SPEC: dict[str, Any] = {"zipf_s": 0.0, "user_tokens": 1200, "max_tokens": 12
 def run_simulated(seed: int) -> dict[str, Any]:
     """The cache-pressure cells in `loadtest.simulate` (virtual time, the router's own code and
     the replica's engine; ``cache_aware+kv``'s events arrive with no delay and none is lost)."""
-    from loadtest.simulate import SimConfig, simulate, workload_requests
+    from loadtest.simulate import SimConfig, sim_prompts, simulate, workload_requests
 
     cells: dict[str, Any] = {}
     for replicas, n, rate, groups, lo, hi in SIM_CELLS:
         reqs = workload_requests("cache-pressure", n, seed, rate, prompts=groups,
                                  min_prompt_tokens=lo, max_prompt_tokens=hi, **SIM_SPEC)
         key = f"cache-pressure, {replicas} replicas, {rate:g}/s"
+        kv = SIM_FLEET["kv_blocks"]
         cell: dict[str, Any] = {"requests": n, "rate": rate, "groups": groups,
-                                "prefix_tokens": [lo, hi], "setups": {}}
+                                "prefix_tokens": [lo, hi], "setups": {},
+                                "opt_bound": opt_bound(sim_prompts(reqs, 16, kv), replicas * kv,
+                                                       16).hit_rate}
         for pol in SIM_POLICIES:
             r = simulate(reqs, SimConfig(replicas=replicas, policy=pol,
                                          kv_blocks=SIM_FLEET["kv_blocks"],
@@ -268,6 +306,15 @@ def run_simulated(seed: int) -> dict[str, Any]:
                   file=sys.stderr, flush=True)
         cells[key] = cell
     return cells
+
+
+def _sim_opt(opt: float | None, sglang_hit: float) -> str:
+    if opt is None:
+        return ""
+    need = sglang_hit + 0.05
+    return (f"; the OPT bound (Belady's MIN over the fleet's capacity, no policy exceeds it) is "
+            f"{opt:.1%}, so the model's hit rate + 5 points ({need:.1%}) is "
+            + ("infeasible for any policy" if need > opt else "not ruled out"))
 
 
 def render_simulated(cells: dict[str, Any], machine: dict[str, Any]) -> str:
@@ -303,8 +350,8 @@ def render_simulated(cells: dict[str, Any], machine: dict[str, Any]) -> str:
                       f"{p['ttft']['p90'] / a['ttft']['p90']:.2f}x, hit rate "
                       f"{(p['hit_rate'] - a['hit_rate']) * 100:+.1f} points. The one-cache "
                       f"(LRU) ceiling is {(sg['ceiling'] - sg['hit_rate']) * 100:+.1f} points "
-                      "from sglang-router's model: on this workload no policy has 5 points to "
-                      "gain over it."]
+                      "from sglang-router's model (a reference, not a bound)"
+                      + _sim_opt(cell.get("opt_bound"), sg["hit_rate"]) + "."]
         lines.append("")
     lines += [f"<!-- {SIM_BLOCK}:end -->", ""]
     return "\n".join(lines)

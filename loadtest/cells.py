@@ -1,6 +1,7 @@
 """The `make bench` compare cells: each workload, its fleet, its rate, and its requests.
 
-Shared by `loadtest.bench` (which runs every cell over HTTP against every setup) and
+Also the 64-replica simulation workloads of `make bench` (`SIM_WORKLOADS`). Shared by
+`loadtest.bench` (which runs every cell over HTTP against every setup) and
 `loadtest.simulate` (``--bench-cell``: the same requests and fleet in virtual time). A
 `BenchWorkload` is sized for `BASE_REPLICAS` replicas; `BenchWorkload.at(n)` scales its rate and
 its request count by n/4 on the same KV per replica, so every fleet size sees the same load per
@@ -10,7 +11,7 @@ replica and the same traffic time.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,8 @@ from loadtest.compare import FleetParams
 from loadtest.runner import DEFAULT_TRACE
 from loadtest.workloads import Request, WorkloadSpec, generate
 
-__all__ = ["BASE_REPLICAS", "FLEETS", "SPLIT_FLEETS", "WORKLOADS", "BenchWorkload",
-           "cell_requests", "mooncake_slice"]
+__all__ = ["BASE_REPLICAS", "FLEETS", "SIM_WORKLOADS", "SPLIT_FLEETS", "WORKLOADS",
+           "BenchWorkload", "SimWorkload", "cell_requests", "mooncake_slice"]
 
 BASE_REPLICAS = 4
 
@@ -63,6 +64,28 @@ WORKLOADS = (
 )
 FLEETS = (4, 8)
 SPLIT_FLEETS = (8,)  # cells that also measure several router processes
+
+
+@dataclass(frozen=True)
+class SimWorkload:
+    """A workload of the 64-replica simulation part of `make bench` (`loadtest.bench`)."""
+
+    name: str
+    requests: int
+    rate: float
+    kv_blocks: int
+    spec: dict[str, Any] = field(default_factory=dict)
+    replicas: int = 64
+
+
+SIM_WORKLOADS = (
+    SimWorkload("shared-prefix", 3000, 240.0, 768, {"prompts": 256}),
+    SimWorkload("multi-turn", 3000, 240.0, 768, {"prompts": 256, "turns": 4}),
+    SimWorkload("rag", 3000, 200.0, 1024, {**_SMALL_PROMPTS, "prompts": 16,
+                                           "min_doc_tokens": 150, "max_doc_tokens": 500,
+                                           "turns": 3}),
+    SimWorkload("agent", 2000, 60.0, 2048, {**_SMALL_PROMPTS, "prompts": 8}),
+)
 
 
 def mooncake_slice(trace: Path, out: Path, requests: int, max_input_tokens: int) -> Path:

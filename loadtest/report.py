@@ -175,6 +175,23 @@ def _verdict(ok: bool | None) -> str:
     return DASH if ok is None else ("met" if ok else "**missed**")
 
 
+def _pct2(v: float | None) -> str:
+    return DASH if v is None else f"{100 * v:.2f}%"
+
+
+def _joint(c: Cell) -> str:
+    """The hit bound at MAX_LOAD against sglang's measured hit rate (`Cell.joint_ok`)."""
+    if c.bound is None:
+        return DASH
+    ok = c.joint_ok
+    if ok is None:
+        return _pct2(c.bound)
+    if ok:
+        return f"{_pct2(c.bound)} ≥ {_pct2(c.sglang_hit)}: not ruled out"
+    return (f"{_pct2(c.bound)} < {_pct2(c.sglang_hit)}: **both targets cannot be met together "
+            "(any router)**")
+
+
 def targets_markdown(cells: Sequence[Cell]) -> str:
     """Issue #18's targets per cell (`loadtest.targets.cells`), then the geometric means."""
     lines = []
@@ -186,11 +203,21 @@ def targets_markdown(cells: Sequence[Cell]) -> str:
             f"{ms(c.p99)} vs {ms(c.sglang_p99)} ({fmt(c.p99_ratio)}): {_verdict(c.p99_ok)}",
             f"{ms(c.p99)} vs {ms(c.rr_p99)}: {_verdict(c.rr_ok)}",
             f"{fmt(c.load)}: {_verdict(c.load_ok)}",
+            _joint(c),
         ])
     out = [table(["workload", "replicas", "hit rate ≥ sglang cache_aware", "hit ÷ ceiling",
                   "TTFT p99 ≤ sglang (ms, ratio)", "TTFT p99 ≤ round-robin (ms)",
-                  f"max/mean requests ≤ {MAX_LOAD}"], lines,
-                 ["l", "r", "l", "r", "l", "l", "l"])]
+                  f"max/mean requests ≤ {MAX_LOAD}",
+                  f"any router's hit bound at max/mean ≤ {MAX_LOAD} vs sglang"], lines,
+                 ["l", "r", "l", "r", "l", "l", "l", "l"])]
+    if any(c.bound is not None for c in cells):
+        out.append(f"*Hit bound*: the best hit rate any router can reach on the cell's requests "
+                   f"while every replica receives at most {MAX_LOAD} × the mean number of "
+                   "requests (`loadtest.balance_bound.hit_bound`: a block shared by R requests is "
+                   f"computed on at least ⌈R / cap⌉ replicas; capacity ignored). Below "
+                   "sglang-router's measured hit rate, the two targets (hit rate ≥ sglang's, "
+                   f"max/mean ≤ {MAX_LOAD}) cannot both be met on that cell, whatever the "
+                   "router.\n")
     means = geomeans(cells)
     if means:
         parts = []

@@ -53,7 +53,7 @@ from templates_audit.blocks import block_hashes
 PRECISE = "cache_aware+kv"  # cache_aware with the precise index, fed by the engines' pools
 
 __all__ = ["PRECISE", "SimConfig", "SimRequest", "SimResult", "add_arguments", "ceiling", "main",
-           "mooncake_requests", "simulate"]
+           "mooncake_requests", "sim_prompts", "simulate"]
 
 
 @dataclass(frozen=True)
@@ -144,10 +144,16 @@ def ceiling(requests: Sequence[SimRequest], config: SimConfig) -> Ceiling:
     cache of ``replicas x kv_blocks`` blocks, arrival order; requests one replica would refuse
     are left out, as the simulation drops them."""
     bs, kv = config.block_size, config.kv_blocks
-    prompts = ((_hashes(r, bs), len(r.prompt_ids))
-               for r in sorted(requests, key=lambda r: r.at)
-               if fits(len(r.prompt_ids), r.max_tokens, kv, bs))
-    return replay(prompts, None if kv is None else kv * config.replicas, bs)
+    return replay(sim_prompts(requests, bs, kv), None if kv is None else kv * config.replicas, bs)
+
+
+def sim_prompts(requests: Sequence[SimRequest], block_size: int = 16,
+                kv_blocks: int | None = None) -> Iterator[tuple[Sequence[int], int]]:
+    """(full-block hashes, prompt tokens) of ``requests`` in arrival order, those one replica
+    of ``kv_blocks`` admits (`loadtest.ceiling.request_prompts` for simulated requests)."""
+    for r in sorted(requests, key=lambda r: r.at):
+        if fits(len(r.prompt_ids), r.max_tokens, kv_blocks, block_size):
+            yield _hashes(r, block_size), len(r.prompt_ids)
 
 
 def simulate(requests: Sequence[SimRequest], config: SimConfig) -> SimResult:

@@ -8,7 +8,13 @@ router's ``round_robin`` measured in the same run on the same requests:
 * TTFT p99 <= sglang cache_aware's, and the geometric mean over the cells of a fleet size (and
   over all cells) of ours / sglang's <= `GEOMEAN_P99`;
 * TTFT p99 <= round-robin's;
-* max/mean requests per replica <= `MAX_LOAD`.
+* max/mean requests per replica <= `MAX_LOAD`;
+* both of the first and the last at once: ``joint_ok`` holds the cell's hit bound at max/mean
+  <= `MAX_LOAD` (`loadtest.balance_bound.hit_bound`: the best hit rate ANY router reaches while
+  no replica gets more than `MAX_LOAD` x the mean requests, from the requests alone) against
+  sglang cache_aware's measured hit rate. Below it, no router meets the two targets together
+  on that cell; at or above it, the bound does not rule them out (it does not say they are
+  reachable).
 
 Simulation (`prefix-loadtest simulate`, 64 replicas): a policy meets the fleet-scale target when
 its hit rate is >= `OF_CEILING` x the one-cache ceiling of the same requests at max/mean load
@@ -63,6 +69,7 @@ class Cell:
     sglang_p99: float | None = None
     rr_p99: float | None = None
     load: float | None = None
+    bound: float | None = None  # hit_bound at max/mean <= MAX_LOAD (None: not computed)
 
     @property
     def hit_ok(self) -> bool | None:
@@ -88,6 +95,22 @@ class Cell:
     def of_ceiling(self) -> float | None:
         return _ratio(self.hit, self.ceiling)
 
+    @property
+    def joint_ok(self) -> bool | None:
+        """False when no router can meet hit rate >= sglang's and max/mean <= MAX_LOAD together
+        (the bound at MAX_LOAD is below sglang's measured hit rate); True when the bound does
+        not rule it out; None when either is missing."""
+        return _le(self.sglang_hit, self.bound)
+
+
+def _bound(block: Mapping[str, Any]) -> float | None:
+    """The cell's hit bound at max/mean <= MAX_LOAD (`bench.run_compare`'s ``bounds``), if it
+    was computed for that target."""
+    b = block.get("bounds") or {}
+    if _num(b.get("target")) != MAX_LOAD:
+        return None
+    return _num((b.get("at_target") or {}).get("hit_rate"))
+
 
 def _p99(summary: Mapping[str, Any] | None) -> float | None:
     return None if summary is None else _num((summary.get("ttft") or {}).get("p99"))
@@ -110,7 +133,7 @@ def cells(results: Mapping[str, Any], ours: str) -> list[Cell]:
             sglang_hit=None if theirs is None else _num(theirs.get("hit_rate")),
             ceiling=_num((block.get("ceiling") or {}).get("hit_rate")),
             p99=_p99(mine), sglang_p99=_p99(theirs), rr_p99=_p99(rr),
-            load=_num(mine.get("load_max_over_mean"))))
+            load=_num(mine.get("load_max_over_mean")), bound=_bound(block)))
     return out
 
 

@@ -27,7 +27,9 @@ for this request, the work already queued on it, its rank on the key's ring walk
    prefills elsewhere, then replicates.
    ``home`` is the tie-breaker: when nothing is cached and loads are equal the key's ring home
    wins, so router processes with no shared state place a new prefix on the same replica and
-   ``ring: nginx`` parity holds for cold keys.
+   ``ring: nginx`` parity holds for cold keys (the caller ranks the walk: for a cold request,
+   replicas that hold nothing and have nothing in flight come first, so an empty replica
+   fills before the homes do; `router.routing.Router.route`).
 3. **Picker**: the highest weighted sum; ties by ring rank. The candidates tuple (the retry
    order) is the pick followed by the rest by score.
 

@@ -11,7 +11,10 @@ request and by ``loadtest.simulate`` for every simulated arrival, so both run ex
 1. ``keys.derive`` -> the routing key (static prefix, cut at the first volatile token; else the
    conversation) - the consistent-hash placement every policy starts from;
 2. policy ``cache_aware``: ``chunks.request_chunks`` over the whole request, the prefix index's
-   predicted cached tokens per replica, the queued work per replica, then
+   predicted cached tokens per replica, the queued work per replica, the ring rank of each
+   replica (the key's consistent-hash walk; for a request cached nowhere, the replicas that
+   hold nothing and have nothing in flight first, in walk order; for a new conversation
+   behind a known preamble, the least recently written-to first), then
    ``pipeline.Pipeline.pick`` (filter -> scorers -> picker);
    policies ``prefix`` / ``round_robin`` / ``least_loaded``: ``policy.choose`` alone (pure, no
    state: ``prefix`` is the hash-only placement nginx reproduces);
@@ -371,11 +374,18 @@ class Router:
         if cold_key is not None:
             names = {r.name for r in available}
             walk = [n for n in self.replicas.ring.walk(cold_key) if n in names]
+            index = self.index
             if not scored and cached:
                 # a new conversation behind a known preamble: onto the replica that took the
                 # least new content lately (the least eviction pressure), ring order on ties
-                index = self.index
                 walk.sort(key=lambda n: index.inserted(n))
+            elif not cached and key.source is not KeySource.HEADER:
+                # nothing of it cached anywhere: a replica that holds nothing and has nothing
+                # in flight (a fresh fleet, a replica added or restarted) takes it first, in
+                # walk order - otherwise two prefixes sharing a home leave a replica idle. An
+                # X-Prefix-Hash key is the client's own placement: always its ring home
+                busy = {r.name for r in available if r.unstarted or r.load() > 0}
+                walk.sort(key=lambda n: n in busy or index.used(n) > 0)
             rank = {n: i for i, n in enumerate(walk)}
         mean = self._mean_prefill
         recent = self.recent

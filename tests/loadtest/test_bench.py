@@ -83,3 +83,48 @@ def test_bench_vllm_page_shows_the_ceiling_and_the_default_policy_against_both()
     assert "cache_aware 80.0% vs round-robin 50.0%" in doc
     assert "cache_aware 80.0% vs prefix 70.0%" in doc
     assert "cache_aware's TTFT p99 is above round-robin's." in doc
+
+
+def _cell_summary(hit: float, p99: float, load: float) -> dict[str, Any]:
+    return {"hit_rate": hit, "load_max_over_mean": load, "ok": 160, "errors": 0,
+            "ttft": {"p50": 0.02, "p90": p99 / 2, "p99": p99}, "e2e": {"p50": 0.1, "p99": 1.0}}
+
+
+def test_render_only_shows_the_hit_bound_verdict(tmp_path: Any,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # a small synthetic bench.json (build/bench/ is not kept in the repository): the targets
+    # table says when the bound at max/mean <= 1.3 is below sglang-router's hit rate
+    import json
+
+    monkeypatch.setattr(bench, "_figures", lambda data, img: {})
+    block = {"workload": {"name": "shared-prefix", "requests": 320, "rate": 40.0},
+             "fleet": {"replicas": 8, "kv_blocks": 768},
+             "ceiling": {"hit_rate": 0.9673, "requests": 320, "num_blocks": 6144},
+             "bounds": {"target": 1.3, "at_target": {"hit_rate": 0.9593}},
+             "setups": {"router-cache_aware": _cell_summary(0.964, 0.34, 1.95),
+                        "sglang-cache_aware": _cell_summary(0.960, 0.44, 3.15),
+                        "router-round_robin": _cell_summary(0.578, 1.2, 1.0)}}
+    data = {"machine": {}, "timings": {},
+            "compare": {"ours": "router-cache_aware", "judged": ["router-cache_aware"],
+                        "workloads": {"shared-prefix, 8 replicas": block}}}
+    (tmp_path / "bench.json").write_text(json.dumps(data))
+    doc = tmp_path / "benchmarks.md"
+    assert bench.main(["--render-only", "--json-dir", str(tmp_path), "--doc", str(doc),
+                       "--img", str(tmp_path / "img")]) == 0
+    text = doc.read_text()
+    assert ("| shared-prefix | 8 | 96.4% vs 96.0%: met | 1.00 | 340 vs 440 (0.77): met | "
+            "340 vs 1200: met | 1.95: **missed** | 95.93% < 96.00%: **both targets cannot be "
+            "met together (any router)** |") in text
+
+
+def test_bounds_of_a_cell_from_its_requests(tmp_path: Any) -> None:
+    # a small rag cell: the bounds the targets table reads, ordered as the theory says
+    from dataclasses import replace
+
+    w = replace(next(w for w in bench.WORKLOADS if w.name == "rag"), requests=24)
+    reqs, _meta = bench.cell_requests(w, 0, tmp_path)
+    b = bench.bounds(reqs, w)
+    assert b["target"] == 1.3 and b["at_target"]["cap"] == int(1.3 * 24 / 4)
+    assert b["at_target"]["hit_rate"] <= b["infinite"]["hit_rate"]
+    assert b["ceiling"]["hit_rate"] <= b["opt"]["hit_rate"] <= b["infinite"]["hit_rate"]
+    assert 0 < b["at_target"]["hit_rate"] < 1

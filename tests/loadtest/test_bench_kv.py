@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from loadtest.bench_kv import (
     BLOCK,
     SETUPS,
@@ -61,15 +63,48 @@ def test_render_shows_each_setup_against_the_cells_ceiling() -> None:
                          "max_prompt_tokens": 3500},
             "setups": {"router-cache_aware+kv": row(0.36, 0.2),
                        "sglang-cache_aware": row(0.38, 0.5)},
-            "failed": {}, "ceiling": {"hit_rate": 0.40}}}}
+            "failed": {}, "ceiling": {"hit_rate": 0.40}, "opt_bound": {"hit_rate": 0.42}}}}
     data["verdicts"] = verdicts(data)
-    # 40% - 38% leaves 2 points: the +5 target is out of reach whatever the placement
-    assert any("ceiling 40.0%: +2.0 points" in v and "no placement" in v
+    # 40% - 38% is the LRU ceiling's room, a reference; the OPT bound 42% is the proof: 38% + 5
+    # points = 43% is above it, so the +5 target is infeasible for any router
+    assert any("ceiling 40.0%: +2.0 points" in v and "not a bound" in v
+               for v in data["verdicts"])
+    assert any("OPT bound 42.0%" in v and "= 43.0% exceeds it" in v and "infeasible" in v
                for v in data["verdicts"])
     text = render(data)
-    assert "One-cache ceiling" in text and "40.0%" in text
+    assert "One-cache ceiling" in text and "40.0%" in text and "OPT bound" in text
     assert "| router-cache_aware+kv | 36.0% | 0.90 | 100 | 200 | 400 |" in text
     assert "| sglang-cache_aware | 38.0% | 0.95 |" in text
+
+
+@pytest.mark.parametrize(("sglang_hit", "opt", "verdict"), [
+    (0.383, 0.576, "is within it (14.3 points below) - the bound does not rule"),  # room left
+    (0.383, 0.433, "is within it (0.0 points below)"),  # exactly +5 is not ruled out
+    (0.383, 0.40, "exceeds it - the +5 target is infeasible for any router"),  # no room
+])
+def test_cache_pressure_verdict_holds_sglang_plus_five_against_the_opt_bound(
+        sglang_hit: float, opt: float, verdict: str) -> None:
+    data: dict[str, Any] = {"cells": {"cache-pressure": {
+        "setups": {"router-cache_aware+kv": row(0.36, 0.2),
+                   "sglang-cache_aware": row(sglang_hit, 0.5)},
+        "failed": {}, "ceiling": {"hit_rate": 0.378}, "opt_bound": {"hit_rate": opt}}}}
+    (line,) = [v for v in verdicts(data) if "OPT bound" in v]
+    assert verdict in line, line
+
+
+def test_cell_bounds_of_a_small_cache_pressure_cell(tmp_path: Any) -> None:
+    # 40 requests over 10 groups on 2 replicas of 900 blocks: OPT >= the LRU ceiling
+    from dataclasses import replace
+
+    from loadtest.bench_kv import CACHE_PRESSURE, cell_bounds
+    from loadtest.cells import cell_requests
+
+    w = replace(CACHE_PRESSURE, requests=40, spec={**CACHE_PRESSURE.spec, "prompts": 10},
+                fleet=replace(CACHE_PRESSURE.fleet, replicas=2, kv_blocks=900))
+    reqs, _meta = cell_requests(w, 1, tmp_path)
+    b = cell_bounds(reqs, w)
+    assert 0 < b["ceiling"]["hit_rate"] <= b["opt_bound"]["hit_rate"] < 1
+    assert b["opt_bound"]["num_blocks"] == 1800
 
 
 def test_a_longer_run_writes_its_own_block_with_its_command() -> None:
@@ -96,10 +131,12 @@ def test_render_simulated_block() -> None:
               "sglang_model": {**row(0.5, 1.0), "ceiling": 0.62, "load_max_over_mean": 1.0}}
     text = render_simulated({"cache-pressure, 4 replicas": {
         "requests": 10, "rate": 1.0, "groups": 2, "prefix_tokens": [100, 200],
-        "setups": setups}}, {"commit": "abc", "date": "d"})
+        "setups": setups, "opt_bound": 0.7}}, {"commit": "abc", "date": "d"})
     assert SIM_BLOCK in blocks(text)
     assert "TTFT p90 0.40x (target <= 0.5), hit rate +10.0 points" in text
     assert "| cache_aware+kv | 60.0% | 0.97 | 200 | 400 | 800 | 1.10 |" in text
+    # 50% + 5 points = 55% is below the OPT bound 70%: not ruled out
+    assert "OPT bound (Belady's MIN" in text and "(55.0%) is not ruled out" in text
 
 
 def test_cached_counters_sum_over_labels_and_ignore_other_metrics() -> None:

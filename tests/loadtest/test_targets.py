@@ -104,6 +104,43 @@ def test_tables_show_values_and_verdicts() -> None:
     assert "| w | prefix | 80.0% | 92.0% | 0.87 | 2.00 | **missed** |" in sim
 
 
+# (sglang hit, bounds as bench.run_compare saves them) -> joint_ok (both targets not ruled out)
+JOINT = [
+    (0.96, {"target": 1.3, "at_target": {"hit_rate": 0.9593}}, False),  # bound below sglang
+    (0.96, {"target": 1.3, "at_target": {"hit_rate": 0.96}}, True),     # a tie is not ruled out
+    (0.90, {"target": 1.3, "at_target": {"hit_rate": 0.95}}, True),     # room above sglang
+    (0.90, {"target": 1.5, "at_target": {"hit_rate": 0.80}}, None),     # another target: unread
+    (0.90, None, None),                                                  # not computed
+    (None, {"target": 1.3, "at_target": {"hit_rate": 0.95}}, None),     # sglang not measured
+]
+
+
+@pytest.mark.parametrize(("sglang_hit", "bounds", "ok"), JOINT)
+def test_joint_verdict(sglang_hit: float | None, bounds: dict[str, Any] | None,
+                       ok: bool | None) -> None:
+    res = _results({"router-cache_aware": _summary(0.9, 0.3, 1.1),
+                    **({"sglang-cache_aware": _summary(sglang_hit, 0.6, 1.5)}
+                       if sglang_hit else {})})
+    if bounds is not None:
+        res["workloads"]["w, 4"]["bounds"] = bounds
+    (c,) = cells(res, "router-cache_aware")
+    assert c.joint_ok is ok
+    # the existing verdicts are unchanged by the bound
+    assert c.load_ok is True and c.hit_ok is (None if sglang_hit is None else sglang_hit <= 0.9)
+
+
+def test_table_says_when_both_targets_cannot_be_met() -> None:
+    res = _results({"router-cache_aware": _summary(0.964, 0.3, 1.95),
+                    "sglang-cache_aware": _summary(0.96, 0.4, 3.15)})
+    res["workloads"]["w, 4"]["bounds"] = {"target": 1.3, "at_target": {"hit_rate": 0.9593}}
+    md = targets_markdown(cells(res, "router-cache_aware"))
+    assert ("| 1.95: **missed** | 95.93% < 96.00%: **both targets cannot be met together "
+            "(any router)** |") in md
+    assert "*Hit bound*" in md
+    res["workloads"]["w, 4"]["bounds"]["at_target"]["hit_rate"] = 0.97
+    assert "| 97.00% ≥ 96.00%: not ruled out |" in targets_markdown(cells(res, "router-cache_aware"))
+
+
 def _summary(hit: float | None, p99: float | None, load: float) -> dict[str, Any]:
     return {"hit_rate": hit, "ttft": {"p50": 0.01, "p99": p99}, "load_max_over_mean": load}
 

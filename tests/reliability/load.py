@@ -136,6 +136,22 @@ async def run_load(url: str, *, count: int, duration: float, concurrency: int,
     return outcomes
 
 
+async def fill(url: str, replicas: int, first_key: int, attempts: int = 64) -> set[str]:
+    """Send one request at a time, each of a new prompt (keys from ``first_key``), until
+    ``replicas`` distinct replicas have answered one (at most ``attempts``). A replica that
+    holds nothing takes new prefixes before their ring homes do (`router.routing`), so only
+    once every replica holds something does a new key go to its ring home."""
+    seen: set[str] = set()
+    async with aiohttp.ClientSession() as session:
+        for k in range(first_key, first_key + attempts):
+            o = await one(session, url, k, stream=False, max_tokens=1)
+            if o.replica:
+                seen.add(o.replica)
+            if len(seen) >= replicas:
+                break
+    return seen
+
+
 async def placement(url: str, keys: int) -> dict[int, str | None]:
     """Replica of each key, asked one request at a time (no load: every key goes home)."""
     result: dict[int, str | None] = {}

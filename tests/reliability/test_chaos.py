@@ -40,7 +40,7 @@ from tests.reliability.conftest import (
     router_config,
     scaled,
 )
-from tests.reliability.load import Outcome, distinct_keys, one, placement, run_load, summary
+from tests.reliability.load import Outcome, distinct_keys, fill, one, placement, run_load, summary
 
 pytestmark = pytest.mark.slow
 
@@ -132,6 +132,8 @@ def test_kill_one_replica(fleet4: Fleet, start_router: Callable[..., RouterProce
     router = chaos_router(start_router, fleet4)
 
     async def scenario() -> dict[str, Any]:
+        # every replica holds something first, so that each key below goes to its ring home
+        assert len(await fill(router.url, len(fleet4.names), first_key=KEYS)) == len(fleet4.names)
         before = await placement(router.url, KEYS)
         victim = Counter(before.values()).most_common(1)[0][0]
         assert victim is not None and None not in before.values()
@@ -413,6 +415,7 @@ def test_stream_dying_before_first_chunk_is_retried(
     router = chaos_router(start_router, fleet)
 
     async def scenario() -> list[Outcome]:
+        assert len(await fill(router.url, len(fleet.names), first_key=KEYS)) == len(fleet.names)
         home = await placement(router.url, KEYS)
         keys = [k for k, name in home.items() if name == fleet.names[0]][:5]
         assert keys

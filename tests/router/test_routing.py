@@ -318,3 +318,57 @@ def test_new_conversations_steer_away_from_a_replica_busy_with_follow_ups() -> N
         state = r.replicas.get(new.decision.replica)
         assert state is not None
         answer(new, state)
+
+
+def _cold_walk(r: Router, request: dict[str, Any]) -> list[str]:
+    """The ring walk of ``request``'s routing key, over the fleet."""
+    from router.keys import derive
+
+    key = derive(CHAT, {}, request, r.key_config).ring_key
+    assert key is not None
+    return list(r.replicas.ring.walk(key))
+
+
+def _warm(r: Router, name: str, system: str) -> None:
+    """``name`` served (and so caches) one request of another prompt."""
+    routed = r.route(CHAT, {}, body("warm", system=system), 0)
+    assert routed is not None
+    state = r.replicas.get(name)
+    assert state is not None
+    answer(routed, state)
+
+
+# (which replicas hold something or are busy, by position on the new key's walk -> where the
+#  cold request goes, by walk position; why)
+@pytest.mark.parametrize(("warm", "busy", "expect", "why"), [
+    ((), (), 0, "an empty fleet: the ring home (nginx parity)"),
+    ((0,), (), 1, "the home holds something: the first empty replica on the walk"),
+    ((0, 1), (), 2, "walk order among the empty replicas"),
+    ((0, 1, 2, 3), (), 0, "every replica holds something: the ring home again"),
+    ((0,), (1,), 2, "a replica with requests in flight is not empty"),
+])
+def test_a_new_prefix_fills_an_empty_replica_before_its_home(
+        warm: tuple[int, ...], busy: tuple[int, ...], expect: int, why: str) -> None:
+    r = router()
+    new = body("q", system="A prompt no replica has seen. " * 60)
+    walk = _cold_walk(r, new)
+    for i in warm:
+        _warm(r, walk[i], f"content held by {walk[i]} " * 50)
+    for i in busy:
+        state = r.replicas.get(walk[i])
+        assert state is not None
+        state.in_flight += 1
+    routed = r.route(CHAT, {}, new, 1)
+    assert routed is not None, why
+    assert routed.decision.replica == walk[expect], why
+    # the placement's home: the ring home, or the empty replica that stood in for it
+    assert (routed.decision.branch, routed.decision.home) == (Branch.HOME, walk[expect]), why
+
+
+def test_an_x_prefix_hash_key_goes_to_its_ring_home_even_with_empty_replicas() -> None:
+    r = router()
+    walk = list(r.replicas.ring.walk("client-key"))
+    _warm(r, walk[0], "content held by the home " * 50)  # the others are empty
+    routed = r.route(CHAT, {"x-prefix-hash": "client-key"}, body("q", system="unseen " * 60), 1)
+    assert routed is not None
+    assert (routed.decision.replica, routed.decision.branch) == (walk[0], Branch.OVERRIDE)
