@@ -85,6 +85,9 @@ class RequestView(NamedTuple):  # NamedTuples: built per request, cheaper than f
     placed: bool = True  # the candidates carry a ring rank (a routing key exists)
     cache_factor: float = 1.0  # scales the cache score (a conversation's first turn: < 1)
     first_turn: bool = False  # a chat request without assistant or tool turns
+    # new conversations bring enough follow-up work to be spread (`recent_load`'s first turns;
+    # `router.routing.FollowUpWork`)
+    spread: bool = True
 
 
 class Candidate(NamedTuple):
@@ -149,10 +152,12 @@ def recent_load(factor: float, first_turns: bool = False) -> Filter:
     so this bounds each replica's *request rate*, which the in-flight cap of `bounded_load`
     does not when requests are short: a replica is kept while
     ``recent + 1 <= factor x (total + 1) x weight / total weight + 1`` (the last term: one
-    request of slack, so small counts never bind)."""
+    request of slack, so small counts never bind). With ``first_turns`` it bounds only chat
+    first turns, and only those whose view says ``spread``: new conversations that bring little
+    follow-up work are better kept with the preamble they share than copied onto more caches."""
 
     def keep(req: RequestView, candidates: list[Candidate]) -> list[Candidate]:
-        if first_turns and not req.first_turn:
+        if first_turns and not (req.first_turn and req.spread):
             return candidates
         total = 1.0
         weight = 0

@@ -75,7 +75,7 @@ from router.replicas import ReplicaSet, ReplicaState
 from router.settings import RoutingSettings
 from router.usage import UsageTap
 
-__all__ = ["AttemptSink", "ExactKeys", "RecentLoad", "Routed", "Router"]
+__all__ = ["AttemptSink", "ExactKeys", "FollowUpWork", "RecentLoad", "Routed", "Router"]
 
 # path, parsed body, model pool -> the request's exact block keys (`Chunks.exact`) or None
 ExactKeys = Callable[[str, Mapping[str, Any] | None, Pool | None], Chunks | None]
@@ -147,6 +147,42 @@ class RecentLoad:
 
     def forget(self, replica: str) -> None:
         self._counts.pop(replica, None)
+
+
+class FollowUpWork:
+    """Follow-up prefill per new conversation, over the recent dispatches.
+
+    Every dispatched chat first turn counts one conversation start; every other dispatched
+    request adds its predicted prefill (the tokens its replica still has to compute: a turn's
+    new messages, or a whole history moved elsewhere). ``per_conversation()`` is their ratio:
+    the prefill a new conversation brings later, on whichever replica holds its history. Both
+    sums decay by ``1 - 1/window`` per dispatch, so the ratio follows about the last ``window``
+    requests. It starts at ``prior_tokens`` (as if ``_PRIOR`` conversations had brought that
+    much each), so a fresh router bounds the rate of new conversations until the traffic shows
+    they bring less. Written on dispatch (`Routed.started`), never during selection. Cost: O(1)
+    per dispatch and per read.
+    """
+
+    __slots__ = ("_decay", "_later", "_starts")
+    _PRIOR = 4.0
+
+    def __init__(self, prior_tokens: float, window: float = 256.0) -> None:
+        self._decay = 1.0 - 1.0 / window
+        self._later = prior_tokens * self._PRIOR
+        self._starts = self._PRIOR
+
+    def first(self) -> None:
+        d = self._decay
+        self._later *= d
+        self._starts = self._starts * d + 1.0
+
+    def later(self, prefill: float) -> None:
+        d = self._decay
+        self._later = self._later * d + prefill
+        self._starts *= d
+
+    def per_conversation(self) -> float:
+        return self._later / self._starts if self._starts > 0 else float("inf")
 
 
 class Routed:
@@ -320,6 +356,9 @@ class Router:
                               if settings.cache_weight else 1.0)
         self._capacity: dict[str, int] = {}
         self._mean_prefill = 0.0
+        # the bounded rate of first turns applies while new conversations bring at least
+        # routing.rate_min_follow_tokens of follow-up prefill each (0: always)
+        self.follow = FollowUpWork(settings.rate_min_follow_tokens)
         self._fleet = 1  # available replicas at the last decision
         # routing.peers: publishes this process's attempts (`router.peers`); None: off
         self.outbox: AttemptSink | None = None
@@ -399,8 +438,10 @@ class Router:
         first = key.first_turn
         factor = (self._first_factor if first and self._first_factor != 1.0
                   and not self._caches_full(available) else 1.0)
+        gate = s.rate_min_follow_tokens
+        spread = not gate or self.follow.per_conversation() >= gate
         decision = self.pipeline.pick(RequestView(key, prompt, cold_key is not None, factor,
-                                                  first), candidates)
+                                                  first, spread), candidates)
         if decision is None:
             return None
         decision = self._lora(pool, decision, states)
@@ -457,15 +498,19 @@ class Router:
         self._mean_prefill += _EMA * (prefill - self._mean_prefill)
 
     def _counted(self, replica: str, prefill: float) -> None:
-        """`_priced`, and the dispatch counts in the long-run request share of ``replica``."""
+        """A later turn (with ``rate_first_turns``; else `_dispatched` counts every request):
+        `_priced` (inlined), its prefill is follow-up work (`FollowUpWork`), and the dispatch
+        counts in the long-run request share of ``replica``."""
         self._mean_prefill += _EMA * (prefill - self._mean_prefill)  # `_priced`
+        self.follow.later(prefill)
         if self.share is not None:
             self.share.add(replica, self.settings.share_window * self._fleet)
 
     def _dispatched(self, replica: str, prefill: float) -> None:
-        """`_counted`, and the dispatch counts in the recent request counts of ``replica``
-        (`_counted` inlined: once per dispatch)."""
+        """A first turn: `_priced` (inlined), a conversation start (`FollowUpWork`), and the
+        dispatch counts in the long-run share and the recent request counts of ``replica``."""
         self._mean_prefill += _EMA * (prefill - self._mean_prefill)  # `_priced`
+        self.follow.first()
         if self.share is not None:
             self.share.add(replica, self.settings.share_window * self._fleet)
         if self.recent is not None:

@@ -386,6 +386,7 @@ class RoutingSettings:
     rate_factor: float = 2.0
     rate_window: float = 8.0
     rate_first_turns: bool = True
+    rate_min_follow_tokens: float = 512.0
     share_factor: float = 0.0  # off: measured to cost hit rate against sglang-router (docs/router.md)
     share_slack: float = 6.0
     share_window: float = 256.0
@@ -436,6 +437,8 @@ class RoutingSettings:
                                     and not isinstance(v, bool) and (v == 0 or v >= 1), float),
                 rate_window=r.number("rate_window", cls.rate_window, ge=1),
                 rate_first_turns=r.boolean("rate_first_turns", cls.rate_first_turns),
+                rate_min_follow_tokens=r.number("rate_min_follow_tokens",
+                                                cls.rate_min_follow_tokens, ge=0),
                 share_factor=r.check("share_factor", cls.share_factor,
                                      "0 (off) or a number >= 1",
                                      lambda v: isinstance(v, int | float)

@@ -107,7 +107,7 @@ PINNED: dict[str, list[str]] = {
     "router.peers.service": ["PeerService", "bind_endpoints", "peer_endpoints"],
     "router.peers.state": ["KINDS", "Outbox", "PeerEvent", "PeerState"],
     "router.peers.wire": ["VERSION", "WireError", "decode", "encode"],
-    "router.routing": ["AttemptSink", "ExactKeys", "RecentLoad", "Routed", "Router"],
+    "router.routing": ["AttemptSink", "ExactKeys", "FollowUpWork", "RecentLoad", "Routed", "Router"],
     "router.settings": [
         "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
         "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery",

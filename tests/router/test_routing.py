@@ -261,7 +261,7 @@ def test_a_follow_up_of_a_held_turn_finds_it_and_holds_behind_it() -> None:
 
 
 def test_first_turns_spread_by_their_share_of_recent_requests() -> None:
-    r = router(rate_factor=1.25, rate_window=4)
+    r = router(rate_factor=1.25, rate_window=4, rate_min_follow_tokens=0)  # bound always on
     assert r.recent is not None
     served = []
     for i in range(40):
@@ -372,3 +372,53 @@ def test_an_x_prefix_hash_key_goes_to_its_ring_home_even_with_empty_replicas() -
     routed = r.route(CHAT, {"x-prefix-hash": "client-key"}, body("q", system="unseen " * 60), 1)
     assert routed is not None
     assert (routed.decision.replica, routed.decision.branch) == (walk[0], Branch.OVERRIDE)
+
+
+def _conversations(r: Router, n: int, later_turns: int, pasted: str) -> list[str]:
+    """``n`` conversations of one shared preamble, each first turn followed at once by
+    ``later_turns`` turns that paste ``pasted``; the replica of each first turn."""
+    firsts = []
+    for i in range(n):
+        turns = [f"question {i}"]
+        for t in range(later_turns + 1):
+            routed = r.route(CHAT, {}, body(*turns), i)
+            assert routed is not None
+            state = r.replicas.get(routed.decision.replica)
+            assert state is not None
+            answer(routed, state)
+            if t == 0:
+                firsts.append(state.name)
+            turns.append(f"turn {t} of {i}: {pasted}")
+    return firsts
+
+
+# (later turns per conversation, text each pastes -> first turns spread over the fleet; why)
+@pytest.mark.parametrize(("later_turns", "pasted", "spread", "why"), [
+    (0, "", False, "single-turn requests: no follow-up work, all stay with the shared preamble"),
+    (3, "ok", False, "short follow-ups: a few tokens each, not worth a copy of the preamble"),
+    (3, "pasted logs " * 300, True, "follow-ups of ~1k new tokens each: new conversations spread"),
+])
+def test_the_rate_bound_spreads_first_turns_only_when_follow_ups_bring_work(
+        later_turns: int, pasted: str, spread: bool, why: str) -> None:
+    r = router(rate_factor=1.25, rate_window=4)
+    firsts = _conversations(r, 24, later_turns, pasted)
+    late = firsts[8:]  # once the tracker has seen the traffic (it starts from its prior)
+    assert (len(set(late)) > 1) is spread, (why, firsts)
+    follow = r.follow.per_conversation()
+    assert (follow >= 512) is spread, (why, follow)
+
+
+def test_follow_up_work_per_conversation() -> None:
+    from router.routing import FollowUpWork
+
+    w = FollowUpWork(512, window=1e12)  # (almost) no decay: plain ratios
+    assert w.per_conversation() == pytest.approx(512)  # the prior: 4 starts of 512 tokens
+    for _ in range(4):
+        w.first()
+    assert w.per_conversation() == pytest.approx(256)  # 2048 tokens over 8 starts
+    w.later(2048)
+    assert w.per_conversation() == pytest.approx(512)
+    d = FollowUpWork(0, window=2)  # each dispatch halves everything before it
+    d.later(1000)  # later 1000, starts 4 x 0.5 = 2
+    d.first()  # later 500, starts 2 x 0.5 + 1 = 2
+    assert d.per_conversation() == pytest.approx(250)
