@@ -59,15 +59,27 @@ def test_same_prefix_lands_on_one_replica_at_low_load(fake_fleet: Any, router_se
 
 def test_new_conversations_of_one_prefix_spread_by_their_recent_rate(fake_fleet: Any,
                                                                      router_server: Any) -> None:
-    """The default bounded rate (routing.rate_factor 2 on first turns): one system prompt's new
-    conversations, one at a time, still use only a part of the fleet - each replica they use
-    takes up to twice its fair share of them - and a later turn follows its own history."""
+    """The bounded rate (routing.rate_factor 2 on first turns), on whatever the follow-ups bring
+    (rate_min_follow_tokens 0): one system prompt's new conversations, one at a time, still use
+    only a part of the fleet - each replica they use takes up to twice its fair share of them."""
     fleet: Fleet = fake_fleet(4)
-    srv, _ = router_server(router_settings(fleet.urls))
+    srv, _ = router_server(router_settings(fleet.urls, routing={"rate_min_follow_tokens": 0}))
     c = client(srv.url)
     served = [ask(c, SYSTEM, f"question {i}", False) for i in range(16)]
     assert 2 <= len(set(served)) <= 3, served
     assert max(served.count(n) for n in set(served)) <= 2 * 16 / 4 + 2
+
+
+def test_single_turn_requests_of_one_prefix_stay_with_it(fake_fleet: Any,
+                                                          router_server: Any) -> None:
+    """By default the bounded rate spreads new conversations only while they bring follow-up
+    work (routing.rate_min_follow_tokens): single-turn requests of one system prompt, one at a
+    time, all go to the replica that holds it rather than copying it onto more caches."""
+    fleet: Fleet = fake_fleet(4)
+    srv, _ = router_server(router_settings(fleet.urls))
+    c = client(srv.url)
+    served = [ask(c, SYSTEM, f"question {i}", False) for i in range(16)]
+    assert len(set(served)) == 1, served
 
 
 def test_hot_prefix_spreads_while_conversations_stay(fake_fleet: Any,
