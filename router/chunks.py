@@ -31,7 +31,7 @@ Malformed bodies never raise: a field of the wrong type contributes nothing.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 import xxhash
@@ -105,35 +105,22 @@ class _Builder:
         self.extra = 0
 
     def add(self, text: str, extra_tokens: int = 0) -> None:
-        """One unit (a message, a prompt): pieces of chunk_chars, the last ending the unit."""
-        extra = self.extra = self.extra + extra_tokens
-        size, per, hashes, tokens = self.chunk_chars, self.chars_per_token, self.hashes, self.tokens
-        h, chars = self.h, self.chars
-        n = len(text)
-        start = 0
-        while True:
-            if len(hashes) >= MAX_CHUNKS:
-                chars += n - start
-                break
-            piece = text[start:start + size]
-            h = xxhash.xxh3_64_intdigest(piece.encode("utf-8", "surrogatepass"), seed=h)
-            chars += len(piece)
-            hashes.append(h)
-            tokens.append(int(chars / per) + extra)  # `estimate`, inlined: once per chunk
-            start += size
-            if start >= n:
-                break
-        self.h, self.chars = h, chars
+        """One unit (a message, a prompt): `add_units` of one."""
+        self.add_units(((text, extra_tokens),))
 
     def add_messages(self, messages: list[Any]) -> None:
         """Every chat message as one unit of its `_message_text` with `MESSAGE_TOKENS` of
-        markup: `add` for each, in one call with the running state kept in locals."""
+        markup."""
+        self.add_units((_message_text(m), MESSAGE_TOKENS) for m in messages)
+
+    def add_units(self, units: Iterable[tuple[str, int]]) -> None:
+        """Units of (text, markup tokens) in order: each cut into pieces of chunk_chars, the
+        last ending the unit; one call for all of them, the running state kept in locals."""
         size, per, hashes, tokens = self.chunk_chars, self.chars_per_token, self.hashes, self.tokens
         h, chars, extra = self.h, self.chars, self.extra
         hash_ = xxhash.xxh3_64_intdigest
-        for message in messages:
-            text = _message_text(message)
-            extra += MESSAGE_TOKENS
+        for text, extra_tokens in units:
+            extra += extra_tokens
             n = len(text)
             start = 0
             while True:
@@ -144,7 +131,7 @@ class _Builder:
                 h = hash_(piece.encode("utf-8", "surrogatepass"), seed=h)
                 chars += len(piece)
                 hashes.append(h)
-                tokens.append(int(chars / per) + extra)
+                tokens.append(int(chars / per) + extra)  # `estimate`, inlined: once per chunk
                 start += size
                 if start >= n:
                     break

@@ -423,7 +423,7 @@ class Router:
                 # in flight (a fresh fleet, a replica added or restarted) takes it first, in
                 # walk order - otherwise two prefixes sharing a home leave a replica idle. An
                 # X-Prefix-Hash key is the client's own placement: always its ring home
-                busy = {r.name for r in available if r.unstarted or r.load() > 0}
+                busy = {r.name for r in available if r.load() > 0}
                 walk.sort(key=lambda n: n in busy or index.used(n) > 0)
             rank = {n: i for i, n in enumerate(walk)}
         mean = self._mean_prefill
@@ -492,24 +492,21 @@ class Router:
                 used += index.used(r.name)
         return total > 0 and used >= self.settings.kv_high * total
 
-    def _priced(self, replica: str, prefill: float) -> None:
-        """An attempt was dispatched with this predicted prefill: the running mean that prices
-        other routers' waiting requests (``replica``: the dispatch callback's shape)."""
-        self._mean_prefill += _EMA * (prefill - self._mean_prefill)
-
     def _counted(self, replica: str, prefill: float) -> None:
-        """A later turn (with ``rate_first_turns``; else `_dispatched` counts every request):
-        `_priced` (inlined), its prefill is follow-up work (`FollowUpWork`), and the dispatch
+        """A later turn was dispatched (with ``rate_first_turns``; else `_dispatched` counts
+        every request): its predicted prefill enters the running mean that prices other
+        routers' waiting requests and is follow-up work (`FollowUpWork`), and the dispatch
         counts in the long-run request share of ``replica``."""
-        self._mean_prefill += _EMA * (prefill - self._mean_prefill)  # `_priced`
+        self._mean_prefill += _EMA * (prefill - self._mean_prefill)
         self.follow.later(prefill)
         if self.share is not None:
             self.share.add(replica, self.settings.share_window * self._fleet)
 
     def _dispatched(self, replica: str, prefill: float) -> None:
-        """A first turn: `_priced` (inlined), a conversation start (`FollowUpWork`), and the
-        dispatch counts in the long-run share and the recent request counts of ``replica``."""
-        self._mean_prefill += _EMA * (prefill - self._mean_prefill)  # `_priced`
+        """A first turn was dispatched: its predicted prefill enters the running mean, it is a
+        conversation start (`FollowUpWork`), and the dispatch counts in the long-run share and
+        the recent request counts of ``replica``."""
+        self._mean_prefill += _EMA * (prefill - self._mean_prefill)
         self.follow.first()
         if self.share is not None:
             self.share.add(replica, self.settings.share_window * self._fleet)
