@@ -395,6 +395,11 @@ class PrefixCache:
             self._spare = list(range(n))
         return True
 
+    def next_evictions(self, n: int) -> list[int | None]:
+        """The hashes of the next ``n`` blocks an allocation would take, head of the free queue
+        first (None: a free block that caches nothing). O(n)."""
+        return [self._hash[b] for b in islice(self._free, max(n, 0))]
+
     def cached_hashes(self) -> list[int]:
         """The hashes of every cached block, in no particular order (for checks and tests)."""
         return list(self._cached)

@@ -113,6 +113,18 @@ def test_tail_blocks_are_evicted_before_the_head() -> None:
     assert cache.cached_prefix_tokens(hashes, 17) == 12
 
 
+def test_next_evictions_are_the_free_queue_head() -> None:
+    cache = PrefixCache(4, BS)
+    assert cache.next_evictions(2) == [None, None]  # never-used blocks first
+    a = toks(16)
+    hashes = block_hashes(a, BS)
+    cache.insert(hashes, 16)  # 4 blocks, freed tail first
+    assert cache.next_evictions(9) == hashes[::-1]
+    assert cache.next_evictions(0) == []
+    cache.insert(block_hashes(toks(4, 500), BS), 4)  # takes the head: block 3 of a
+    assert cache.next_evictions(1) == [hashes[2]]
+
+
 def test_running_requests_blocks_are_pinned() -> None:
     cache = PrefixCache(4, BS)
     a = toks(12)
