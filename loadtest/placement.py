@@ -157,7 +157,9 @@ def search_partition(prompts: Sequence[Prompt], groups: Sequence[int], replicas:
     first onto the replica with the fewest requests), then ``steps`` times move one or two
     random groups to random replicas and keep the move if the hit rate does not drop. Returns
     the best hit rate and map; never below the start."""
-    n = max(groups) + 1 if groups else 0
+    if not groups:
+        return 0.0, []
+    n = max(groups) + 1
     count = [0] * n
     for g in groups:
         count[g] += 1
@@ -208,6 +210,13 @@ def cell_prompts(requests: int, seed: int) -> tuple[list[Prompt], list[int]]:
     return prompts, [int(r.group.lstrip("p")) for r in reqs]
 
 
+def _seeds(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     from loadtest.bench_kv import CACHE_PRESSURE
     from loadtest.ceiling import opt_bound, replay
@@ -215,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m loadtest.placement", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=3 * CACHE_PRESSURE.requests)
-    ap.add_argument("--seeds", default="0,1,2,3,4,5,6,7", help="seeds the policies run on")
+    ap.add_argument("--seeds", default=[0, 1, 2, 3, 4, 5, 6, 7], type=_seeds,
+                    help="comma-separated seeds the policies run on (default 0-7)")
     ap.add_argument("--search-seed", type=int, default=2026,
                     help="the seed the clairvoyant search fits (bench_kv's default)")
     ap.add_argument("--steps", type=int, default=2000, help="hill-climb steps")
@@ -223,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     f = CACHE_PRESSURE.fleet
     n, kv = f.replicas, f.kv_blocks
     assert kv is not None
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = args.seeds
     print(f"cache-pressure, {args.requests} requests, {n} replicas x {kv} blocks; hit rate in % "
           "of prompt tokens, sequential (no timing)\n")
     prompts, groups = cell_prompts(args.requests, args.search_seed)

@@ -123,3 +123,16 @@ def test_search_partition_never_loses_to_its_start(seed: int) -> None:
     assert set(part) <= {0, 1}
     # deterministic for a seed
     assert search_partition(prompts, groups, 2, 6, 60, seed, 4) == (best, part)
+
+
+def test_search_partition_of_nothing() -> None:
+    assert search_partition([], [], 2, 6, 10) == (0.0, [])
+
+
+def test_cli_rejects_bad_seeds(capsys: pytest.CaptureFixture[str]) -> None:
+    from loadtest.placement import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--seeds", "1,x"])
+    assert exc.value.code == 2
+    assert "expected comma-separated integers, got '1,x'" in capsys.readouterr().err
