@@ -193,14 +193,18 @@ def transplant(prompts: Sequence[Prompt], groups: Sequence[int], partition: Sequ
                         block_size).hit_rate
 
 
-def cell_prompts(requests: int, seed: int) -> tuple[list[Prompt], list[int]]:
-    """The cache-pressure cell of `loadtest.bench_kv` (``requests`` of them at ``seed``) as
-    prompts, and each one's group: the workload's system prompt index."""
+def cell_prompts(requests: int, seed: int,
+                 groups: int | None = None) -> tuple[list[Prompt], list[int]]:
+    """The cache-pressure cell of `loadtest.bench_kv` (``requests`` of them at ``seed``; with
+    ``groups`` system prompts instead of its 75) as prompts, and each one's group: the
+    workload's system prompt index."""
     from loadtest.bench_kv import CACHE_PRESSURE
     from loadtest.ceiling import request_prompts
     from loadtest.cells import cell_requests
 
     w = replace(CACHE_PRESSURE, requests=requests)
+    if groups is not None:
+        w = replace(w, spec={**w.spec, "prompts": groups})
     with tempfile.TemporaryDirectory(prefix="placement-") as tmp:
         reqs, _ = cell_requests(w, seed, Path(tmp))
     reqs = sorted(reqs, key=lambda r: r.at)
@@ -229,14 +233,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--search-seed", type=int, default=2026,
                     help="the seed the clairvoyant search fits (bench_kv's default)")
     ap.add_argument("--steps", type=int, default=2000, help="hill-climb steps")
+    ap.add_argument("--replicas", type=int, default=CACHE_PRESSURE.fleet.replicas,
+                    help="replicas of the cell's KV capacity each (llm-d's scale: 8 with "
+                         "--groups 150 --requests 2000, the --simulate cells of bench_kv)")
+    ap.add_argument("--groups", type=int, default=CACHE_PRESSURE.spec["prompts"],
+                    help="system prompts (groups) of the cell")
     args = ap.parse_args(argv)
     f = CACHE_PRESSURE.fleet
-    n, kv = f.replicas, f.kv_blocks
+    n, kv = args.replicas, f.kv_blocks
     assert kv is not None
     seeds = args.seeds
-    print(f"cache-pressure, {args.requests} requests, {n} replicas x {kv} blocks; hit rate in % "
+    print(f"cache-pressure, {args.requests} requests of {args.groups} groups, {n} replicas x "
+          f"{kv} blocks; hit rate in % "
           "of prompt tokens, sequential (no timing)\n")
-    prompts, groups = cell_prompts(args.requests, args.search_seed)
+    prompts, groups = cell_prompts(args.requests, args.search_seed, args.groups)
     lru = replay(prompts, n * kv, f.block_size).hit_rate
     found, part = search_partition(prompts, groups, n, kv, args.steps)
     print(f"seed {args.search_seed}: LRU ceiling {100 * lru:.2f}, OPT bound "
@@ -247,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| seed | LRU ceiling | " + " | ".join(rows) + " |")
     print("|---|---|" + "---|" * len(rows))
     for seed in seeds:
-        ps, gs = cell_prompts(args.requests, seed)
+        ps, gs = cell_prompts(args.requests, seed, args.groups)
         ceiling = replay(ps, n * kv, f.block_size).hit_rate
         cells = []
         for name, policy in POLICIES.items():

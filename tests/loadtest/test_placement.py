@@ -100,7 +100,7 @@ def test_quiet_head_avoids_evicting_shared_blocks() -> None:
     # replica 0 holds A (returns later), replica 1 holds D (never again): C goes to replica 1
     D = (41, 42)
     prompts: list[Prompt] = [(A, 9), (D, 9), (C, 9), (A, 9)]
-    policy_assign = []
+    policy_assign: list[int] = []
 
     def pinned(f: Fleet, prompt: Prompt, rng: random.Random) -> int:
         r = [0, 1][len(policy_assign)] if len(policy_assign) < 2 else _quiet_head(f, prompt, rng)
@@ -136,3 +136,16 @@ def test_cli_rejects_bad_seeds(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--seeds", "1,x"])
     assert exc.value.code == 2
     assert "expected comma-separated integers, got '1,x'" in capsys.readouterr().err
+
+
+def test_cell_prompts_carry_their_groups() -> None:
+    from loadtest.placement import cell_prompts
+
+    prompts, groups = cell_prompts(12, 0, groups=3)
+    assert len(prompts) == len(groups) == 12 and set(groups) <= {0, 1, 2}
+    first: dict[int, int] = {}
+    for (hashes, tokens), g in zip(prompts, groups, strict=True):
+        assert tokens > 5000  # a 5,000-7,000-token system prompt and a ~1,200-token question
+        # the requests of a group share its system prompt's blocks, other groups none of them
+        assert first.setdefault(g, hashes[0]) == hashes[0]
+    assert len(set(first.values())) == len(first)
