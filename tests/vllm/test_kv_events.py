@@ -237,7 +237,9 @@ def test_events_follow_evictions_and_predict_vllms_cached_tokens(
         time.sleep(0.1)
     assert post(url, "/reset_prefix_cache") == {"success": True}
     index = CountIndex()
-    prompts = [unique + f" part {k} " + prose(f"{unique}-evict-{k}", 1250) for k in range(6)]
+    # the part number opens each prompt: the marker alone can fill block 0 (a hex uuid is 20-34
+    # tokens), and a block 0 shared by the six would be cached once and stored once
+    prompts = [f"part {k} of {unique} " + prose(f"{unique}-evict-{k}", 1250) for k in range(6)]
     hashes: list[list[int | bytes]] = []
     lengths: list[int] = []
     for k, prompt in enumerate(prompts):
