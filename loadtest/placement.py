@@ -14,9 +14,9 @@ Two ways to choose the assignment:
   the requests placed so far - and the current request, never a later one. `POLICIES` holds the
   ones compared: ``precise`` (longest cached prefix; a cold request to the replica with the
   fewest requests: the precise index with a balanced cold path), ``home`` (a fixed partition:
-  the prefix's first block hashed to a replica, as consistent hashing does), ``quiet-head`` (a
-  cold request to the replica whose next evictions hold the fewest blocks some other request
-  of the run also has - the evictions that cost least), ``sacrificial:A`` (one replica takes
+  the prefix's first block modulo the replicas), ``quiet-head`` (a cold request to the replica
+  whose next evictions hold the fewest blocks that two earlier requests held - prefixes that
+  have come back, the evictions likeliest to cost a hit), ``sacrificial:A`` (one replica takes
   the cold requests except a fraction ``A`` admitted to the others: vLLM's LRU cannot skip a
   block, a router can send it where it does the least harm).
 * `search_partition`: a hill climb over group -> replica maps scored by `replay_fleet` over the
@@ -41,7 +41,7 @@ import random
 import statistics
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from loadtest.ceiling import Ceiling, Prompt
@@ -55,16 +55,22 @@ __all__ = ["POLICIES", "Fleet", "cell_prompts", "main", "replay_fleet", "route_o
 class Fleet:
     """Per-replica pools and what a router has placed so far (what a policy may read)."""
     pools: list[PrefixCache]
-    placed: list[int]            # requests per replica
-    shared: frozenset[int]       # block hashes more than one request of the run holds
+    placed: list[int]                                # requests per replica
+    seen: set[int] = field(default_factory=set)      # block hashes of the earlier requests
+    shared: set[int] = field(default_factory=set)    # ... held by two or more of them
+
+    def record(self, prompt: Prompt) -> None:
+        """Note a placed prompt's blocks: a block seen a second time is shared."""
+        for h in set(prompt[0]):
+            (self.shared if h in self.seen else self.seen).add(h)
 
     def cached(self, r: int, prompt: Prompt) -> int:
         """Prompt tokens replica ``r`` would take from its cache."""
         return self.pools[r].cached_prefix_tokens(*prompt)
 
     def head_value(self, r: int, window: int) -> int:
-        """Blocks that another request of the run also holds, among the next ``window`` blocks
-        replica ``r`` would evict."""
+        """Blocks two earlier requests held (a prefix that has come back once), among the next
+        ``window`` blocks replica ``r`` would evict."""
         return sum(h is not None and h in self.shared for h in self.pools[r].next_evictions(window))
 
 
@@ -111,20 +117,13 @@ POLICIES: dict[str, Policy] = {"precise": _precise, "home": _home, "quiet-head":
                                "sacrificial:0.6": _sacrificial(0.6)}
 
 
-def _shared(prompts: Sequence[Prompt]) -> frozenset[int]:
-    seen: set[int] = set()
-    again: set[int] = set()
-    for hashes, _ in prompts:
-        for h in set(hashes):
-            (again if h in seen else seen).add(h)
-    return frozenset(again)
-
-
 def replay_fleet(prompts: Sequence[Prompt], assign: Sequence[int], replicas: int,
                  kv_blocks: int, block_size: int = 16) -> Ceiling:
     """Serve ``prompts[i]`` on replica ``assign[i]``, in order; the fleet's hits and queries."""
     if len(assign) != len(prompts):
         raise ValueError(f"{len(assign)} replicas assigned for {len(prompts)} prompts")
+    if any(not 0 <= r < replicas for r in assign):
+        raise ValueError(f"an assigned replica is outside 0..{replicas - 1}")
     pools = [PrefixCache(kv_blocks, block_size) for _ in range(replicas)]
     for (hashes, tokens), r in zip(prompts, assign, strict=True):
         pools[r].insert(hashes, tokens)
@@ -134,32 +133,33 @@ def replay_fleet(prompts: Sequence[Prompt], assign: Sequence[int], replicas: int
 
 def route_online(prompts: Sequence[Prompt], policy: Policy, replicas: int, kv_blocks: int,
                  block_size: int = 16, seed: int = 0) -> tuple[Ceiling, list[int]]:
-    """Place each prompt by ``policy`` (which sees the pools and the past only), serve it there;
-    the fleet's result and the assignment."""
-    f = Fleet([PrefixCache(kv_blocks, block_size) for _ in range(replicas)], [0] * replicas,
-              _shared(prompts))
+    """Place each prompt by ``policy`` (which sees the pools, the earlier prompts and the current
+    one, never a later one), serve it there; the fleet's result and the assignment."""
+    f = Fleet([PrefixCache(kv_blocks, block_size) for _ in range(replicas)], [0] * replicas)
     rng = random.Random(seed)
     assign = []
     for prompt in prompts:
         r = policy(f, prompt, rng)
         f.pools[r].insert(*prompt)
         f.placed[r] += 1
+        f.record(prompt)
         assign.append(r)
     return (Ceiling(len(prompts), sum(p.hits for p in f.pools), sum(p.queries for p in f.pools),
                     replicas * kv_blocks, block_size), assign)
 
 
 def search_partition(prompts: Sequence[Prompt], groups: Sequence[int], replicas: int,
-                     kv_blocks: int, steps: int, seed: int = 0,
-                     block_size: int = 16) -> tuple[float, list[int]]:
+                     kv_blocks: int, steps: int, seed: int = 0, block_size: int = 16,
+                     num_groups: int | None = None) -> tuple[float, list[int]]:
     """Hill climb over static partitions (group index -> replica) scored by the hit rate of
     ``prompts`` themselves: start from the balanced partition (groups by request count, largest
     first onto the replica with the fewest requests), then ``steps`` times move one or two
     random groups to random replicas and keep the move if the hit rate does not drop. Returns
-    the best hit rate and map; never below the start."""
-    if not groups:
+    the best hit rate and map (``num_groups`` entries, default ``max(groups) + 1``, so that it
+    can be transplanted to requests of groups these lack); never below the start."""
+    n = max(num_groups or 0, max(groups, default=-1) + 1)
+    if not n:
         return 0.0, []
-    n = max(groups) + 1
     count = [0] * n
     for g in groups:
         count[g] += 1
@@ -221,22 +221,32 @@ def _seeds(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     from loadtest.bench_kv import CACHE_PRESSURE
     from loadtest.ceiling import opt_bound, replay
 
     ap = argparse.ArgumentParser(prog="python -m loadtest.placement", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=3 * CACHE_PRESSURE.requests)
+    ap.add_argument("--requests", type=_positive, default=3 * CACHE_PRESSURE.requests)
     ap.add_argument("--seeds", default=[0, 1, 2, 3, 4, 5, 6, 7], type=_seeds,
                     help="comma-separated seeds the policies run on (default 0-7)")
     ap.add_argument("--search-seed", type=int, default=2026,
                     help="the seed the clairvoyant search fits (bench_kv's default)")
-    ap.add_argument("--steps", type=int, default=2000, help="hill-climb steps")
-    ap.add_argument("--replicas", type=int, default=CACHE_PRESSURE.fleet.replicas,
+    ap.add_argument("--steps", type=_positive, default=2000, help="hill-climb steps")
+    ap.add_argument("--replicas", type=_positive, default=CACHE_PRESSURE.fleet.replicas,
                     help="replicas of the cell's KV capacity each (llm-d's scale: 8 with "
                          "--groups 150 --requests 2000, the --simulate cells of bench_kv)")
-    ap.add_argument("--groups", type=int, default=CACHE_PRESSURE.spec["prompts"],
+    ap.add_argument("--groups", type=_positive, default=CACHE_PRESSURE.spec["prompts"],
                     help="system prompts (groups) of the cell")
     args = ap.parse_args(argv)
     f = CACHE_PRESSURE.fleet
@@ -248,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
           "of prompt tokens, sequential (no timing)\n")
     prompts, groups = cell_prompts(args.requests, args.search_seed, args.groups)
     lru = replay(prompts, n * kv, f.block_size).hit_rate
-    found, part = search_partition(prompts, groups, n, kv, args.steps)
+    found, part = search_partition(prompts, groups, n, kv, args.steps,
+                                   block_size=f.block_size, num_groups=args.groups)
     print(f"seed {args.search_seed}: LRU ceiling {100 * lru:.2f}, OPT bound "
           f"{100 * opt_bound(prompts, n * kv, f.block_size).hit_rate:.2f}, clairvoyant "
           f"partition ({args.steps} steps) {100 * found:.2f}\n")

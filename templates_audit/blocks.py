@@ -396,8 +396,9 @@ class PrefixCache:
         return True
 
     def next_evictions(self, n: int) -> list[int | None]:
-        """The hashes of the next ``n`` blocks an allocation would take, head of the free queue
-        first (None: a free block that caches nothing). O(n)."""
+        """The hashes of the next ``n`` blocks an allocation with no cache hit would take, head
+        of the free queue first (None: a free block that caches nothing; a hit takes its own
+        blocks out of the queue first; an unbounded pool evicts nothing: []). O(n)."""
         return [self._hash[b] for b in islice(self._free, max(n, 0))]
 
     def cached_hashes(self) -> list[int]:
