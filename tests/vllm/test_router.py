@@ -127,7 +127,7 @@ def test_router_scrapes_real_vllm_load(fleet: VllmFleet, router: RouterUnderTest
     body = {
         "model": "tiny-llama",
         "messages": chat(unique, "go on"),
-        "max_tokens": 1500,
+        "max_tokens": 3000,  # a long generation: the replica stays busy while the scrape looks
         "stream": True,
         "ignore_eos": True,
     }
@@ -141,11 +141,18 @@ def test_router_scrapes_real_vllm_load(fleet: VllmFleet, router: RouterUnderTest
         next(line for line in lines if line.startswith("data:"))  # generation has started
         state = router.app.replicas.get(name)
         seen = (0.0, 0.0)
-        for _ in range(200):  # bounded: the scrape runs every 0.2 s
+        ended = False
+        # bounded by wall time, not by lines: the scrape runs every 0.2 s, but on a loaded
+        # 2-core machine one scrape of vLLM's /metrics can take seconds
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
             seen = (state.running, state.kv_usage)
             if state.running >= 1 and state.kv_usage > 0:
                 break
-            next(lines)  # keep reading so the stream stays live
+            if next(lines, None) is None:  # keep reading so the stream stays live
+                ended = True
+                break
             time.sleep(0.05)
-        assert seen[0] >= 1 and seen[1] > 0, f"router never saw {name} busy: {seen}"
+        assert seen[0] >= 1 and seen[1] > 0, (
+            f"router never saw {name} busy: {seen}" + (" (the stream ended)" if ended else ""))
         assert state.load() >= 1
