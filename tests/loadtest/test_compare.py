@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -170,6 +171,14 @@ def test_router_processes_with_peers_mirror_each_others_requests(tmp_path: Path)
     with Fleet(replicas=2, instant=True) as fleet:
         replicas = list(zip(fleet.names, fleet.urls, strict=True))
         with launch(parse_setup("router-cache_aware-x2+peers"), replicas, tmp_path) as split:
+            # PUB/SUB drops what is published before a subscription reaches the publisher (ZMQ's
+            # slow joiner): start the traffic once each process has heard the other's hello
+            # (sent every second), as a router pod joining a running fleet would be by then
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and min(
+                    _sample(u, "prefix_router_peer_events_received_total", 'type="hello"')
+                    for u in split.urls) < 1:
+                time.sleep(0.1)
             reqs = generate(_spec(0))[:20]
             res = run(Plan(split.url, concurrency=4, max_requests=20, max_time=60.0,
                            replica_urls=tuple(fleet.urls)), reqs)
