@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadtest.ceiling import HitRate
+
 __all__ = ["Conversation", "HitBound", "Placement", "cell_bounds", "cell_conversations",
            "copy_greedy", "hit_bound", "lower_bound", "lpt"]
 
@@ -62,7 +64,7 @@ class Placement:
 
 
 @dataclass(frozen=True)
-class HitBound:
+class HitBound(HitRate):
     """`hit_bound`'s result: at most ``hit_tokens`` of ``query_tokens`` are hits."""
 
     requests: int  # prompts counted (those a replica admits)
@@ -70,15 +72,6 @@ class HitBound:
     query_tokens: int
     cap: int | None  # requests per replica at most (None: no balance constraint)
     block_size: int
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {"requests": self.requests, "hit_tokens": self.hit_tokens,
-                "query_tokens": self.query_tokens, "cap": self.cap,
-                "block_size": self.block_size, "hit_rate": self.hit_rate}
 
 
 def hit_bound(prompts: Iterable[tuple[Sequence[int], int]], replicas: int,

@@ -39,32 +39,38 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from templates_audit.blocks import PrefixCache
 
-__all__ = ["Ceiling", "Prompt", "fits", "fleet_ceiling", "opt_bound", "replay", "request_prompts"]
+__all__ = ["Ceiling", "HitRate", "Prompt", "fits", "fleet_ceiling", "opt_bound", "replay", "request_prompts"]
 
 Prompt = tuple[Sequence[int], int]  # (full-block hashes, prompt tokens)
 
 
-@dataclass(frozen=True)
-class Ceiling:
-    requests: int  # prompts replayed (those that fit one replica's pool)
+class HitRate:
+    """For the result dataclasses of hit counts (`Ceiling`, `loadtest.balance_bound.HitBound`):
+    the hit rate in tokens and the JSON of every field plus ``hit_rate``."""
+
     hit_tokens: int
     query_tokens: int
-    num_blocks: int | None  # the one cache's size (None: unbounded)
-    block_size: int
 
     @property
     def hit_rate(self) -> float:
         return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"requests": self.requests, "hit_tokens": self.hit_tokens,
-                "query_tokens": self.query_tokens, "num_blocks": self.num_blocks,
-                "block_size": self.block_size, "hit_rate": self.hit_rate}
+        return {**asdict(self), "hit_rate": self.hit_rate}  # type: ignore[call-overload]  # subclasses are dataclasses
+
+
+@dataclass(frozen=True)
+class Ceiling(HitRate):
+    requests: int  # prompts replayed (those that fit one replica's pool)
+    hit_tokens: int
+    query_tokens: int
+    num_blocks: int | None  # the one cache's size (None: unbounded)
+    block_size: int
 
 
 def replay(prompts: Iterable[Prompt], num_blocks: int | None, block_size: int) -> Ceiling:
