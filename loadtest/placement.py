@@ -127,8 +127,13 @@ def replay_fleet(prompts: Sequence[Prompt], assign: Sequence[int], replicas: int
     pools = [PrefixCache(kv_blocks, block_size) for _ in range(replicas)]
     for (hashes, tokens), r in zip(prompts, assign, strict=True):
         pools[r].insert(hashes, tokens)
-    return Ceiling(len(prompts), sum(p.hits for p in pools), sum(p.queries for p in pools),
-                   replicas * kv_blocks, block_size)
+    return _result(pools, len(prompts), kv_blocks, block_size)
+
+
+def _result(pools: Sequence[PrefixCache], requests: int, kv_blocks: int,
+            block_size: int) -> Ceiling:
+    return Ceiling(requests, sum(p.hits for p in pools), sum(p.queries for p in pools),
+                   len(pools) * kv_blocks, block_size)
 
 
 def route_online(prompts: Sequence[Prompt], policy: Policy, replicas: int, kv_blocks: int,
@@ -144,8 +149,7 @@ def route_online(prompts: Sequence[Prompt], policy: Policy, replicas: int, kv_bl
         f.placed[r] += 1
         f.record(prompt)
         assign.append(r)
-    return (Ceiling(len(prompts), sum(p.hits for p in f.pools), sum(p.queries for p in f.pools),
-                    replicas * kv_blocks, block_size), assign)
+    return _result(f.pools, len(prompts), kv_blocks, block_size), assign
 
 
 def search_partition(prompts: Sequence[Prompt], groups: Sequence[int], replicas: int,
@@ -170,17 +174,13 @@ def search_partition(prompts: Sequence[Prompt], groups: Sequence[int], replicas:
         best_map[g] = r
         load[r] += count[g]
 
-    def score(m: list[int]) -> float:
-        return replay_fleet(prompts, [m[g] for g in groups], replicas, kv_blocks,
-                            block_size).hit_rate
-
-    best = score(best_map)
+    best = transplant(prompts, groups, best_map, replicas, kv_blocks, block_size)
     rng = random.Random(seed)
     for _ in range(steps):
         m = list(best_map)
         for _ in range(rng.choice((1, 1, 2))):
             m[rng.randrange(n)] = rng.randrange(replicas)
-        v = score(m)
+        v = transplant(prompts, groups, m, replicas, kv_blocks, block_size)
         if v >= best:
             best, best_map = v, m
     return best, best_map
