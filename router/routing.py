@@ -497,21 +497,24 @@ class Router:
         every request): its predicted prefill enters the running mean that prices other
         routers' waiting requests and is follow-up work (`FollowUpWork`), and the dispatch
         counts in the long-run request share of ``replica``."""
-        self._mean_prefill += _EMA * (prefill - self._mean_prefill)
+        self._account(replica, prefill)
         self.follow.later(prefill)
-        if self.share is not None:
-            self.share.add(replica, self.settings.share_window * self._fleet)
 
     def _dispatched(self, replica: str, prefill: float) -> None:
         """A first turn was dispatched: its predicted prefill enters the running mean, it is a
         conversation start (`FollowUpWork`), and the dispatch counts in the long-run share and
         the recent request counts of ``replica``."""
-        self._mean_prefill += _EMA * (prefill - self._mean_prefill)
+        self._account(replica, prefill)
         self.follow.first()
-        if self.share is not None:
-            self.share.add(replica, self.settings.share_window * self._fleet)
         if self.recent is not None:
             self.recent.add(replica, self.settings.rate_window * self._fleet)
+
+    def _account(self, replica: str, prefill: float) -> None:
+        """What every dispatch updates: the running mean of predicted prefill and the long-run
+        request share of ``replica``."""
+        self._mean_prefill += _EMA * (prefill - self._mean_prefill)
+        if self.share is not None:
+            self.share.add(replica, self.settings.share_window * self._fleet)
 
     def _lora(self, pool: Pool | None, decision: Decision,
               states: Sequence[ReplicaState]) -> Decision:
