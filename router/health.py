@@ -16,9 +16,11 @@ Scrape: `GET /metrics` of each replica every `scrape.interval`; `vllm:num_reques
 `vllm:num_requests_waiting` are summed over label sets, `vllm:kv_cache_usage_perc` (or the older
 `vllm:gpu_cache_usage_perc`) takes the max over label sets so it stays a fraction, and the labels
 `num_gpu_blocks` x `block_size` of `vllm:cache_config_info` give the replica's KV capacity in
-tokens (the prefix index's bound for it). A failed scrape zeroes the scraped load so the policy
-falls back to this router's own in-flight count and keeps the last known capacity; it never
-ejects (a replica may run without metrics). `vllm:lora_requests_info` (`parse_lora_info`: the
+tokens (the prefix index's bound for it). A failed scrape (timeout, connection error, non-200,
+undecodable body) is counted by reason and never ejects (a replica may run without metrics). It
+keeps the last good load while that is less than `scrape.stale_after` seconds old: a replica too
+busy to answer its scrape in time must not look idle. Past that the scraped load reads 0, so the
+policy falls back to this router's own in-flight count; the last known capacity is kept. `vllm:lora_requests_info` (`parse_lora_info`: the
 label set with the largest value, i.e. the latest, since vLLM never removes old ones) gives the
 adapters running and waiting there and `max_lora`. vLLM sets that gauge at its engine steps
 only, so a replica that has served nothing yet exports no sample: "no LoRA information" until
@@ -34,7 +36,6 @@ made concurrently.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import time
@@ -196,6 +197,7 @@ class _Track:
     backoff: float = 0.0
     next_probe: float = 0.0
     admitted_at: float = 0.0
+    scraped_at: float | None = None  # clock() of the last scrape that answered
 
 
 class HealthMonitor:
@@ -328,22 +330,34 @@ class HealthMonitor:
     # scrape ----------------------------------------------------------------------------------
 
     async def scrape_one(self, session: aiohttp.ClientSession, replica: Replica) -> None:
-        load = VllmLoad(0.0, 0.0, 0.0)
-        lora: LoraInfo | None = None
-        answered = False
-        with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError):
+        text: str | None = None
+        failed = "status"
+        try:
             async with session.get(replica.url + "/metrics", allow_redirects=False,
                                    timeout=self._timeout) as r:
                 if r.status == 200:
                     text = await r.text()
-                    load = parse_vllm_metrics(text)
-                    lora = parse_lora_info(text)
-                    answered = True
+        except TimeoutError:
+            failed = "timeout"
+        except (aiohttp.ClientError, OSError):
+            failed = "connect"
+        except UnicodeDecodeError:
+            failed = "decode"
+        now = self.clock()
+        t = self._get(replica.name)
+        if text is None:
+            self.metrics.scrape_failed(replica.name, failed)
+            if t.scraped_at is not None and now - t.scraped_at < self.scrape.stale_after:
+                return  # the last good load stands (a busy replica is slow to answer, not idle)
+            load, lora = VllmLoad(0.0, 0.0, 0.0), None
+        else:
+            t.scraped_at = now
+            load, lora = parse_vllm_metrics(text), parse_lora_info(text)
         replica.running, replica.waiting = load.running, load.waiting
         if lora is not None:
             replica.lora_running, replica.lora_waiting = lora.running, lora.waiting
             replica.max_lora = lora.max_lora
-        elif answered:  # no gauge (yet): no LoRA information; a failed scrape keeps the last
+        elif text is not None:  # no gauge (yet): no LoRA information; a failed scrape keeps the last
             replica.lora_running = replica.lora_waiting = frozenset()
             replica.max_lora = 0
         replica.kv_usage = load.kv_usage

@@ -180,6 +180,10 @@ class RouterMetrics:
                              "scraped from its /metrics (the policy's cross-router signal): "
                              "metric=running|waiting|kv_usage", ["replica", "metric"],
                              registry=r, multiprocess_mode="max")
+        self.scrape_failures = Counter(p + "scrape_failures_total", "Load scrapes of a "
+                                       "replica's /metrics that got no answer: "
+                                       "reason=timeout|connect|status|decode",
+                                       ["replica", "reason"], registry=r)
         self.predicted_cached = Counter(
             p + "predicted_cached_tokens", "Prompt tokens the router predicted the serving "
             "replica had cached (prefix index), per served request", ["replica"], registry=r)
@@ -382,6 +386,9 @@ class RouterMetrics:
         self.scraped.labels(replica, "running").set(running)
         self.scraped.labels(replica, "waiting").set(waiting)
         self.scraped.labels(replica, "kv_usage").set(kv_usage)
+
+    def scrape_failed(self, replica: str, reason: str) -> None:
+        self.scrape_failures.labels(replica, reason).inc()
 
     def reject(self, reason: str) -> None:
         self.rejected.labels(reason).inc()

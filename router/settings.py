@@ -495,11 +495,14 @@ class HealthSettings:
 class ScrapeSettings:
     interval: float = 1.0
     enabled: bool = True
+    # seconds a replica's last good load stays in use while its scrapes fail (0: zero at once)
+    stale_after: float = 5.0
 
     @classmethod
     def parse(cls, r: _Reader) -> ScrapeSettings:
         return cls(interval=r.number("interval", cls.interval, gt=0),
-                   enabled=r.boolean("enabled", cls.enabled))
+                   enabled=r.boolean("enabled", cls.enabled),
+                   stale_after=r.number("stale_after", cls.stale_after, ge=0))
 
 
 @dataclass(frozen=True)

@@ -160,6 +160,85 @@ def test_probe_and_scrape_a_real_replica(threaded_server: Any) -> None:
     assert 'prefix_router_replica_scraped_load{metric="kv_usage",replica="r0"} 0.25' in text
 
 
+class ScriptedMetrics:
+    """A replica whose /metrics answers as told: its load, slowly (past the scrape timeout) or
+    with a status code."""
+
+    def __init__(self) -> None:
+        self.running = 4
+        self.mode = "ok"
+
+    def app(self) -> Any:
+        from starlette.applications import Starlette
+        from starlette.responses import PlainTextResponse
+        from starlette.routing import Route
+
+        async def metrics(_: Any) -> PlainTextResponse:
+            if self.mode == "slow":
+                await asyncio.sleep(1.0)
+            if self.mode == "500":
+                return PlainTextResponse("no", status_code=500)
+            return PlainTextResponse(f"vllm:num_requests_running {self.running}\n"
+                                     "vllm:num_requests_waiting 2\nvllm:kv_cache_usage_perc 0.5\n")
+
+        return Starlette(routes=[Route("/metrics", metrics)])
+
+
+def test_a_failed_scrape_keeps_the_last_load_until_it_is_stale(threaded_server: Any) -> None:
+    fake = ScriptedMetrics()
+    srv = threaded_server(fake.app())
+    replicas = ReplicaSet([ReplicaSpec("r0", srv.url)])
+    clock = Clock()
+    metrics = RouterMetrics()
+    m = HealthMonitor(HealthSettings(timeout=0.3), ScrapeSettings(stale_after=5.0), replicas,
+                      metrics, clock=clock)
+    r0 = replicas.get("r0")
+    assert r0 is not None
+    seen: list[tuple[float, float, float]] = []
+
+    async def scrape(session: aiohttp.ClientSession) -> None:
+        for mode, advance in (("ok", 0.0), ("slow", 2.0), ("500", 2.5), ("500", 1.0),
+                              ("ok", 0.0), ("slow", 4.0), ("slow", 1.5)):
+            fake.mode = mode
+            clock.t += advance
+            r0.unstarted = 1  # ours, sent since the last scrape
+            await m.scrape_once(session)
+            seen.append((r0.running, r0.waiting, r0.kv_usage))
+
+    asyncio.run(_with_session(scrape))
+    good = (4.0, 2.0, 0.5)
+    # answered at t=0; failures at 2 and 4.5 s keep it; at 5.5 s it is stale and reads 0. The
+    # next answer (t=5.5) restarts the window: a failure at 9.5 s keeps it, one at 11 s does not.
+    assert seen == [good, good, good, (0, 0, 0), good, good, (0, 0, 0)]
+    text = metrics.render()[0].decode()
+    assert 'prefix_router_scrape_failures_total{reason="timeout",replica="r0"} 3.0' in text
+    assert 'prefix_router_scrape_failures_total{reason="status",replica="r0"} 2.0' in text
+    # the exported gauge is what the policy sees: zero once stale
+    assert 'prefix_router_replica_scraped_load{metric="running",replica="r0"} 0.0' in text
+
+
+def test_stale_after_zero_drops_the_load_at_the_first_failure(threaded_server: Any) -> None:
+    fake = ScriptedMetrics()
+    srv = threaded_server(fake.app())
+    replicas = ReplicaSet([ReplicaSpec("r0", srv.url), ReplicaSpec("dead", "http://127.0.0.1:9")])
+    metrics = RouterMetrics()
+    m = HealthMonitor(HealthSettings(timeout=1.0), ScrapeSettings(stale_after=0.0), replicas,
+                      metrics, clock=Clock())
+    r0 = replicas.get("r0")
+    assert r0 is not None
+
+    async def scrape(session: aiohttp.ClientSession) -> tuple[float, float]:
+        await m.scrape_once(session)
+        before = r0.running
+        fake.mode = "500"
+        await m.scrape_once(session)
+        return before, r0.running
+
+    assert asyncio.run(_with_session(scrape)) == (4.0, 0.0)
+    text = metrics.render()[0].decode()
+    assert 'prefix_router_scrape_failures_total{reason="connect",replica="dead"} 2.0' in text
+
+
 def test_loops_stop_when_cancelled(threaded_server: Any) -> None:
     fake = FakeReplica("r0")
     srv = threaded_server(fake.app())

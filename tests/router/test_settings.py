@@ -28,6 +28,7 @@ def test_defaults_match_the_documented_schema() -> None:
     assert s.routing.virtual_nodes == 160 and s.routing.key_header == "X-Prefix-Hash"
     assert s.proxy.max_body_bytes == 16 * 1024 * 1024 and s.proxy.max_attempts == 3
     assert s.health.eject_after == 3 and s.scrape.enabled is True
+    assert s.scrape.stale_after == 5.0
     assert s.admin.enabled is False and s.logging.log_prompts is False
     assert s.shutdown.grace_period == 30.0
     assert s.tracing.enabled is False and s.tracing.record_routing_keys is False
@@ -96,6 +97,7 @@ def test_full_document_parses() -> None:
     ({"proxy": {"connect_timeout": -1}}, "proxy.connect_timeout: expected a number > 0, got -1"),
     ({"health": {"readmit_backoff": 5, "readmit_backoff_max": 1}}, "health.readmit_backoff_max: expected a number >= readmit_backoff (5), got 1.0"),
     ({"scrape": {"enabled": "yes"}}, "scrape.enabled: expected true or false, got 'yes'"),
+    ({"scrape": {"stale_after": -1}}, "scrape.stale_after: expected a number >= 0, got -1"),
     ({"replicas": [{"name": "r0", "url": "ftp://h"}]}, "replicas[0].url: expected an http(s) URL like 'http://host:port', got 'ftp://h'"),
     ({"replicas": [{"name": "r0", "url": "http://h:1/v1"}]}, "replicas[0].url: expected an http(s) URL like 'http://host:port', got 'http://h:1/v1'"),
     ({"replicas": [{"name": "r0", "url": "http://h:x"}]}, "replicas[0].url: expected an http(s) URL like 'http://host:port', got 'http://h:x'"),
