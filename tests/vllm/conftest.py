@@ -88,11 +88,14 @@ def fleet(_fleet: VllmFleet) -> VllmFleet:
 def router_settings(fleet: VllmFleet, **sections: Any) -> Any:
     from router.settings import Settings
 
+    # Timeouts are generous: while a CPU replica generates, this process can get no CPU for
+    # seconds at a time on a 2-core machine (measured up to 14 s), and a probe or connect that
+    # times out then would eject a healthy replica in the middle of a test.
     data: dict[str, Any] = {
         "replicas": [{"name": n, "url": u} for n, u in zip(fleet.names, fleet.urls, strict=True)],
-        "health": {"interval": 0.5, "timeout": 2.0, "eject_after": 2, "readmit_backoff": 0.5},
+        "health": {"interval": 0.5, "timeout": 10.0, "eject_after": 2, "readmit_backoff": 0.5},
         "scrape": {"interval": 0.2},
-        "proxy": {"connect_timeout": 2.0, "first_byte_timeout": 120.0, "max_attempts": 3},
+        "proxy": {"connect_timeout": 10.0, "first_byte_timeout": 120.0, "max_attempts": 3},
         "logging": {"access_log": False},
     }
     for name, value in sections.items():

@@ -64,7 +64,7 @@ def settings_for(fleet: VllmFleet, speculative_ttl: float = 2.0) -> Settings:
                     "chat_template": str(template) if template.is_file() else None,
                     "kv_events": {"enabled": True, "topic": "kv",
                                   "speculative_ttl": speculative_ttl}},
-        "health": {"interval": 0.5, "timeout": 2.0},
+        "health": {"interval": 0.5, "timeout": 10.0},
         "scrape": {"interval": 0.2},
         "proxy": {"first_byte_timeout": 120.0},
         "logging": {"access_log": False}})

@@ -50,7 +50,7 @@ def routed(lora_fleet: VllmFleet) -> Iterator[tuple[str, Any]]:
         settings = Settings.from_dict({
             "replicas": [{"name": "vllm0", "url": lora_fleet.urls[0]},
                          {"name": "sim-qwen", "url": sim.url}],
-            "health": {"interval": 0.5, "timeout": 2.0},
+            "health": {"interval": 0.5, "timeout": 10.0},
             "scrape": {"interval": 0.2},
             "proxy": {"first_byte_timeout": 120.0},
             "logging": {"access_log": False}})
