@@ -33,27 +33,33 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999  # Linux's default
 
 
-def quiet_port(host: str = "127.0.0.1", rng: random.Random | None = None) -> int:
-    """A free TCP port *below* the kernel's ephemeral range, never handed out before.
+def quiet_port(host: str = "127.0.0.1", rng: random.Random | None = None, n: int = 1) -> int:
+    """A free TCP port *below* the kernel's ephemeral range, never handed out before; with
+    ``n`` > 1 the first of ``n`` consecutive such ports (all free, all handed out by this call).
 
     For a socket bound long after the port is chosen (a vLLM replica binds its KV-event sockets a
-    minute into its start-up): a port from the ephemeral range, as `free_port` gives, can meanwhile
-    be taken by any outgoing connection on the machine; one below it only by another explicit
-    bind."""
+    minute into its start-up), or for a range a server walks itself (peer workers bind port,
+    port + 1, ...): a port from the ephemeral range, as `free_port` gives, can meanwhile be taken
+    by any outgoing connection on the machine; one below it only by another explicit bind."""
     low, _ = _ephemeral_range()
     rng = rng or random.Random()
     for _ in range(1000):
-        port = rng.randrange(10000, max(low, 10001))
-        if port in _handed_out:
+        port = rng.randrange(10000, max(low - n + 1, 10001))
+        ports = range(port, port + n)
+        if any(p in _handed_out for p in ports) or not all(_bindable(host, p) for p in ports):
             continue
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-        _handed_out.add(port)
+        _handed_out.update(ports)
         return port
-    raise RuntimeError(f"no free port below {low} on {host} in 1000 tries")
+    raise RuntimeError(f"no {n} free consecutive ports below {low} on {host} in 1000 tries")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def http_get(url: str, timeout: float = 1.0) -> tuple[int, bytes] | None:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from loadtest._net import free_port, quiet_port
+from loadtest._net import quiet_port
 from loadtest.stats import parse_prometheus
 
 __all__ = ["VllmEnv", "VllmEnvMissing", "VllmFleet", "find_env", "make_lora_adapter",
@@ -236,10 +236,10 @@ class VllmFleet:
         t0 = time.monotonic()
         try:
             for i in range(self.n):
-                self.ports.append(free_port())
+                # all bound up to a minute from now (vLLM's start-up): below the ephemeral
+                # range, out of the way of the machine's outgoing connections
+                self.ports.append(quiet_port())
                 if self.kv_events:
-                    # bound a minute from now: below the ephemeral range, out of the way of
-                    # the machine's outgoing connections
                     self.kv_ports.append((quiet_port(), quiet_port()))
                 self.procs.append(self._spawn(i))
             for i in range(self.n):

@@ -22,25 +22,6 @@ import uvicorn
 from loadtest._net import free_port as free_port  # one picker: it never repeats a port
 
 
-def free_port_range(n: int, tries: int = 50) -> int:
-    """A port P such that P .. P+n-1 are all free on 127.0.0.1 right now (for --base-port)."""
-    for _ in range(tries):
-        base = free_port()
-        socks: list[socket.socket] = []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no {n} consecutive free ports found")
-
-
 def wait_for_port(port: int, timeout: float = 15.0, host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

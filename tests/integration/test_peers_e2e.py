@@ -12,9 +12,9 @@ import threading
 from typing import Any
 
 import httpx
-import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest._net import quiet_port
 from router.app import RouterApp
 from tests.conftest import wait_for
 from tests.integration.conftest import router_settings
@@ -25,16 +25,6 @@ SYSTEM = "You are the support assistant of the ACME billing platform. " * 40  # 
 def body(q: str) -> dict[str, Any]:
     return {"model": "fake-model", "stream": True, "messages": [
         {"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]}
-
-
-def free_zmq_ports(n: int) -> list[int]:
-    ctx = zmq.Context()
-    socks = [ctx.socket(zmq.REP) for _ in range(n)]
-    ports = [s.bind_to_random_port("tcp://127.0.0.1") for s in socks]
-    for s in socks:
-        s.close(0)
-    ctx.destroy(0)
-    return ports
 
 
 def held(url: str) -> dict[str, float]:
@@ -49,7 +39,7 @@ def sample(app: RouterApp, name: str, **labels: str) -> float:
 
 def _pair(fake_fleet: Any, router_server: Any, peers: bool) -> tuple[Any, Any, Any, Any, Any]:
     fleet = fake_fleet(3)
-    pa, pb = free_zmq_ports(2)
+    pa, pb = quiet_port(), quiet_port()  # below the ephemeral range: stay free until bound
 
     def settings(own: int, other: int) -> Any:
         return router_settings(fleet.urls, routing={

@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from loadtest import cli
-from loadtest._net import http_ok
+from loadtest._net import http_ok, quiet_port
 from loadtest.fleet import Fleet, FleetError
 from loadtest.replica.config import ReplicaConfig, add_arguments, from_namespace, to_argv
-from tests.conftest import free_port, free_port_range
+from tests.conftest import free_port
 
 
 def pid_alive(pid: int) -> bool:
@@ -86,7 +86,7 @@ def test_replica_options_round_trip_through_argv() -> None:
 
 
 def test_fleet_subcommand_runs_until_sigterm_and_stops_its_replicas() -> None:
-    base = free_port_range(2)   # --base-port takes base and base + 1
+    base = quiet_port(n=2)   # --base-port takes base and base + 1
     proc = subprocess.Popen(
         [sys.executable, "-m", "loadtest", "fleet", "--replicas", "2", "--base-port", str(base),
          "--speed", "50"],

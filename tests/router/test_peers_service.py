@@ -13,6 +13,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from loadtest._net import quiet_port
 from router.discovery.base import Endpoint
 from router.metrics import RouterMetrics
 from router.peers.service import PeerService, bind_endpoints, peer_endpoints
@@ -159,7 +160,7 @@ def test_malformed_messages_are_counted_and_skipped(tmp_path: Path) -> None:
 def test_a_silent_peer_loses_its_attempts_and_tcp_workers_find_each_other() -> None:
     # two "workers" of one pod over tcp on 127.0.0.1: each binds the first free port of the
     # range and subscribes to the other by itself
-    port = free_zmq_port()
+    port = quiet_port(n=2)  # both below the ephemeral range: no outgoing connection takes them
     settings = Settings.from_dict({
         "workers": 2,
         "replicas": [{"name": f"r{i}", "url": f"http://127.0.0.1:{9100 + i}"} for i in range(4)],
@@ -173,9 +174,9 @@ def test_a_silent_peer_loses_its_attempts_and_tcp_workers_find_each_other() -> N
     a, b = make(), make()
 
     async def run() -> None:
-        await a.start()
-        await b.start()
         try:
+            await a.start()  # inside: a failed start of b must still stop a (its context)
+            await b.start()
             assert {a.bound, b.bound} == {f"tcp://127.0.0.1:{port}",
                                           f"tcp://127.0.0.1:{port + 1}"}
             await until(lambda: a.me in b.state.peers(), "B to hear A")
@@ -199,17 +200,8 @@ def test_a_silent_peer_loses_its_attempts_and_tcp_workers_find_each_other() -> N
     asyncio.run(run())
 
 
-def free_zmq_port() -> int:
-    ctx = zmq.Context()
-    probe = ctx.socket(zmq.REP)
-    port = probe.bind_to_random_port("tcp://127.0.0.1")
-    probe.close(0)
-    ctx.destroy(0)
-    return port
-
-
 def test_a_taken_port_range_fails_start_up() -> None:
-    port = free_zmq_port()
+    port = quiet_port()
     a = service(f"tcp://127.0.0.1:{port}", [])
     b = service(f"tcp://127.0.0.1:{port}", [])
 
