@@ -19,7 +19,14 @@ from typing import Any
 import pytest
 import uvicorn
 
-from loadtest._net import free_port as free_port  # one picker: it never repeats a port
+from loadtest._net import quiet_port
+
+
+def free_port() -> int:
+    """A port for a server a test starts later (a subprocess, a listener bound on start-up): free,
+    never handed out before in this process, and below the kernel's ephemeral range, so that no
+    outgoing connection of the suite can take it in between (`loadtest._net.quiet_port`)."""
+    return quiet_port()
 
 
 def wait_for_port(port: int, timeout: float = 15.0, host: str = "127.0.0.1") -> None:
