@@ -41,16 +41,22 @@ def quiet_port(host: str = "127.0.0.1", rng: random.Random | None = None, n: int
     minute into its start-up), or for a range a server walks itself (peer workers bind port,
     port + 1, ...): a port from the ephemeral range, as `free_port` gives, can meanwhile be taken
     by any outgoing connection on the machine; one below it only by another explicit bind."""
+    if n < 1:
+        raise ValueError(f"n: expected at least 1 port, got {n}")
     low, _ = _ephemeral_range()
+    # a host whose ephemeral range starts too low to leave room: anywhere (then only the bind
+    # check protects the ports, as for `free_port`)
+    top = low - n + 1 if low - n + 1 > 10000 + 1000 else 65536 - n
     rng = rng or random.Random()
     for _ in range(1000):
-        port = rng.randrange(10000, max(low - n + 1, 10001))
+        port = rng.randrange(10000, top)
         ports = range(port, port + n)
         if any(p in _handed_out for p in ports) or not all(_bindable(host, p) for p in ports):
             continue
         _handed_out.update(ports)
         return port
-    raise RuntimeError(f"no {n} free consecutive ports below {low} on {host} in 1000 tries")
+    raise RuntimeError(f"no {n} free consecutive ports in [10000, {top + n - 1}] on {host} "
+                       "in 1000 tries")
 
 
 def _bindable(host: str, port: int) -> bool:

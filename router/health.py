@@ -18,9 +18,12 @@ Scrape: `GET /metrics` of each replica every `scrape.interval`; `vllm:num_reques
 `num_gpu_blocks` x `block_size` of `vllm:cache_config_info` give the replica's KV capacity in
 tokens (the prefix index's bound for it). A failed scrape (timeout, connection error, non-200,
 undecodable body) is counted by reason and never ejects (a replica may run without metrics). It
-keeps the last good load while that is less than `scrape.stale_after` seconds old: a replica too
-busy to answer its scrape in time must not look idle. Past that the scraped load reads 0, so the
-policy falls back to this router's own in-flight count; the last known capacity is kept. `vllm:lora_requests_info` (`parse_lora_info`: the
+keeps the last good load while the failed scrape started less than `scrape.stale_after` seconds
+after the last good one did (start to start, so a long `health.timeout` does not use up the
+window): a replica too busy to answer in time must not look idle. Past that the scraped load
+reads 0, so the policy falls back to this router's own in-flight count; the last known capacity
+is kept. `ReplicaState.scraped_at` holds that start; it goes with the replica and is cleared
+when its URL changes (another process). `vllm:lora_requests_info` (`parse_lora_info`: the
 label set with the largest value, i.e. the latest, since vLLM never removes old ones) gives the
 adapters running and waiting there and `max_lora`. vLLM sets that gauge at its engine steps
 only, so a replica that has served nothing yet exports no sample: "no LoRA information" until
@@ -73,6 +76,7 @@ class Replica(Protocol):
     kv_capacity: int
     unstarted: int
     scraped_unstarted: int
+    scraped_at: float | None
     models: frozenset[str] | None
     parents: Mapping[str, str]
     fixed_models: frozenset[str] | None
@@ -197,7 +201,6 @@ class _Track:
     backoff: float = 0.0
     next_probe: float = 0.0
     admitted_at: float = 0.0
-    scraped_at: float | None = None  # clock() of the last scrape that answered
 
 
 class HealthMonitor:
@@ -330,6 +333,7 @@ class HealthMonitor:
     # scrape ----------------------------------------------------------------------------------
 
     async def scrape_one(self, session: aiohttp.ClientSession, replica: Replica) -> None:
+        started = self.clock()
         text: str | None = None
         failed = "status"
         try:
@@ -343,15 +347,15 @@ class HealthMonitor:
             failed = "connect"
         except UnicodeDecodeError:
             failed = "decode"
-        now = self.clock()
-        t = self._get(replica.name)
         if text is None:
             self.metrics.scrape_failed(replica.name, failed)
-            if t.scraped_at is not None and now - t.scraped_at < self.scrape.stale_after:
+            last = replica.scraped_at
+            # ages are start to start, so a long health.timeout does not eat the window
+            if last is not None and started - last < self.scrape.stale_after:
                 return  # the last good load stands (a busy replica is slow to answer, not idle)
             load, lora = VllmLoad(0.0, 0.0, 0.0), None
         else:
-            t.scraped_at = now
+            replica.scraped_at = started
             load, lora = parse_vllm_metrics(text), parse_lora_info(text)
         replica.running, replica.waiting = load.running, load.waiting
         if lora is not None:

@@ -181,7 +181,7 @@ class RouterMetrics:
                              "metric=running|waiting|kv_usage", ["replica", "metric"],
                              registry=r, multiprocess_mode="max")
         self.scrape_failures = Counter(p + "scrape_failures_total", "Load scrapes of a "
-                                       "replica's /metrics that got no answer: "
+                                       "replica's /metrics that failed: "
                                        "reason=timeout|connect|status|decode",
                                        ["replica", "reason"], registry=r)
         self.predicted_cached = Counter(

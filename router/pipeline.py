@@ -215,7 +215,7 @@ def queued_work(r: ReplicaState, prompt_tokens: int, decode_tokens: float, mean_
                 kv_high: float) -> float:
     """Prefill-token cost of the work waiting on ``r`` before a new request (module docstring)."""
     work = r.pending_prefill + decode_tokens * r.load()
-    others = r.waiting - r.scraped_unstarted  # the scrape is up to an interval old
+    others = r.waiting - r.scraped_unstarted  # as of the last good scrape (up to stale_after)
     if others > 0:
         work += others * mean_prefill
     if r.kv_usage > kv_high:

@@ -48,6 +48,7 @@ class ReplicaState:
     unstarted: int = 0
     pending_prefill: float = 0.0
     scraped_unstarted: int = 0  # `unstarted` when `waiting` was scraped: ours among the waiting
+    scraped_at: float | None = None  # when the last scrape that answered started (health clock)
     # the other router processes' attempts open on the replica, as they published them
     # (routing.peers, `router.peers.state`); 0 when peers are off
     peer_in_flight: int = 0
@@ -158,6 +159,8 @@ class ReplicaSet:
             if state is None:
                 state = ReplicaState(name=e.name, url=e.url, weight=e.weight, draining=draining)
             else:
+                if state.url != e.url:  # another process: its last scraped load is not kept
+                    state.scraped_at = None
                 state.url, state.weight, state.draining = e.url, e.weight, draining
             fixed = getattr(e, "models", None)
             if fixed:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from loadtest._net import free_port
 
 
@@ -46,3 +48,16 @@ def test_quiet_port_range_skips_a_range_with_a_taken_port() -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
     assert all(quiet_port(n=3) not in range(base - 2, base + 3) for _ in range(50))
+
+
+def test_quiet_port_with_no_room_below_the_ephemeral_range(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import random
+
+    from loadtest import _net
+
+    monkeypatch.setattr(_net, "_ephemeral_range", lambda: (1024, 65535))  # a widened range
+    base = _net.quiet_port(rng=random.Random(3), n=2)
+    assert 10000 <= base and base + 1 <= 65535
+    with pytest.raises(ValueError, match="at least 1"):
+        _net.quiet_port(n=0)

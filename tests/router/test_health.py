@@ -162,11 +162,13 @@ def test_probe_and_scrape_a_real_replica(threaded_server: Any) -> None:
 
 class ScriptedMetrics:
     """A replica whose /metrics answers as told: its load, slowly (past the scrape timeout) or
-    with a status code."""
+    with a status code; ``during`` seconds pass on ``clock`` while it answers."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
         self.running = 4
         self.mode = "ok"
+        self.clock = clock
+        self.during = 0.0
 
     def app(self) -> Any:
         from starlette.applications import Starlette
@@ -174,47 +176,80 @@ class ScriptedMetrics:
         from starlette.routing import Route
 
         async def metrics(_: Any) -> PlainTextResponse:
+            if self.clock is not None:
+                self.clock.t += self.during
             if self.mode == "slow":
                 await asyncio.sleep(1.0)
             if self.mode == "500":
                 return PlainTextResponse("no", status_code=500)
-            return PlainTextResponse(f"vllm:num_requests_running {self.running}\n"
-                                     "vllm:num_requests_waiting 2\nvllm:kv_cache_usage_perc 0.5\n")
+            return PlainTextResponse(
+                f"vllm:num_requests_running {self.running}\nvllm:num_requests_waiting 2\n"
+                "vllm:kv_cache_usage_perc 0.5\n"
+                'vllm:cache_config_info{block_size="16",num_gpu_blocks="100"} 1\n')
 
         return Starlette(routes=[Route("/metrics", metrics)])
 
 
 def test_a_failed_scrape_keeps_the_last_load_until_it_is_stale(threaded_server: Any) -> None:
-    fake = ScriptedMetrics()
+    clock = Clock()
+    fake = ScriptedMetrics(clock)
     srv = threaded_server(fake.app())
     replicas = ReplicaSet([ReplicaSpec("r0", srv.url)])
-    clock = Clock()
     metrics = RouterMetrics()
     m = HealthMonitor(HealthSettings(timeout=0.3), ScrapeSettings(stale_after=5.0), replicas,
                       metrics, clock=clock)
     r0 = replicas.get("r0")
     assert r0 is not None
-    seen: list[tuple[float, float, float]] = []
+    seen: list[tuple[float, float, float, int]] = []
 
     async def scrape(session: aiohttp.ClientSession) -> None:
-        for mode, advance in (("ok", 0.0), ("slow", 2.0), ("500", 2.5), ("500", 1.0),
-                              ("ok", 0.0), ("slow", 4.0), ("slow", 1.5)):
+        for k, (mode, advance) in enumerate((("ok", 0.0), ("slow", 2.0), ("500", 2.5),
+                                             ("500", 1.0), ("ok", 0.0), ("slow", 4.0),
+                                             ("slow", 1.5))):
             fake.mode = mode
             clock.t += advance
-            r0.unstarted = 1  # ours, sent since the last scrape
+            r0.unstarted = k  # ours not started yet, as the scrape begins
             await m.scrape_once(session)
-            seen.append((r0.running, r0.waiting, r0.kv_usage))
+            seen.append((r0.running, r0.waiting, r0.kv_usage, r0.scraped_unstarted))
 
     asyncio.run(_with_session(scrape))
     good = (4.0, 2.0, 0.5)
     # answered at t=0; failures at 2 and 4.5 s keep it; at 5.5 s it is stale and reads 0. The
     # next answer (t=5.5) restarts the window: a failure at 9.5 s keeps it, one at 11 s does not.
-    assert seen == [good, good, good, (0, 0, 0), good, good, (0, 0, 0)]
+    # `scraped_unstarted` stays with the load it belongs to: ours among *that* scrape's waiting.
+    assert seen == [(*good, 0), (*good, 0), (*good, 0), (0, 0, 0, 3), (*good, 4), (*good, 4),
+                    (0, 0, 0, 6)]
+    assert r0.kv_capacity == 1600  # the capacity outlives a stale load
     text = metrics.render()[0].decode()
     assert 'prefix_router_scrape_failures_total{reason="timeout",replica="r0"} 3.0' in text
     assert 'prefix_router_scrape_failures_total{reason="status",replica="r0"} 2.0' in text
     # the exported gauge is what the policy sees: zero once stale
     assert 'prefix_router_replica_scraped_load{metric="running",replica="r0"} 0.0' in text
+
+
+def test_the_window_runs_start_to_start_whatever_the_timeout(threaded_server: Any) -> None:
+    # a replica that takes 10 s (clock time) to fail its scrape: the failure began 1 s after the
+    # last good scrape began, so the load is kept although the last answer is now 11 s old
+    clock = Clock()
+    fake = ScriptedMetrics(clock)
+    srv = threaded_server(fake.app())
+    replicas = ReplicaSet([ReplicaSpec("r0", srv.url)])
+    m = HealthMonitor(HealthSettings(timeout=30.0), ScrapeSettings(stale_after=5.0), replicas,
+                      RouterMetrics(), clock=clock)
+    r0 = replicas.get("r0")
+    assert r0 is not None
+
+    async def scrape(session: aiohttp.ClientSession) -> list[float]:
+        running = []
+        for mode, advance, during in (("ok", 0.0, 0.0), ("500", 1.0, 10.0), ("500", 0.0, 0.0)):
+            fake.mode, fake.during = mode, during
+            clock.t += advance
+            await m.scrape_once(session)
+            running.append(r0.running)
+        return running
+
+    # the third failure starts 11 s after the last good start: stale
+    assert asyncio.run(_with_session(scrape)) == [4.0, 4.0, 0.0]
 
 
 def test_stale_after_zero_drops_the_load_at_the_first_failure(threaded_server: Any) -> None:

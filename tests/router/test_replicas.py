@@ -69,6 +69,17 @@ def test_update_keeps_survivor_state_and_drops_departed() -> None:
     assert sorted(rs.ring.walk("k")) == ["a", "c", "d"]
 
 
+def test_a_new_url_forgets_when_the_load_was_last_scraped() -> None:
+    # another process at a new address: the old scraped load is not kept through its failures
+    rs = ReplicaSet(eps("a", "b"))
+    a, b = rs.get("a"), rs.get("b")
+    assert a is not None and b is not None
+    a.scraped_at = b.scraped_at = 5.0
+    rs.update_membership([Endpoint("a", "http://10.9.9.9:8000"), eps("a", "b")[1]])
+    assert (a.url, a.scraped_at) == ("http://10.9.9.9:8000", None)
+    assert b.scraped_at == 5.0  # same address: kept
+
+
 def test_unchanged_membership_keeps_the_same_ring_object() -> None:
     rs = ReplicaSet(eps("a", "b"))
     ring = rs.ring
