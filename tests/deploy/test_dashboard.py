@@ -65,7 +65,7 @@ def test_dashboard_covers_the_required_views() -> None:
         "sum by (branch) (rate(prefix_router_requests_total",
         "prefix_router_spills_total", "prefix_router_ejections_total",
         "prefix_router_in_flight", "vllm:num_requests_running", "vllm:num_requests_waiting",
-        "prefix_router_distinct_keys_per_minute",
+        "prefix_router_distinct_keys_per_minute", "prefix_router_scrape_failures_total",
         "sum(rate(prefix_router_predicted_cached_tokens_total[5m]))",
         "sum(rate(prefix_router_reported_cached_tokens_total[5m]))",
     ]:
