@@ -1,7 +1,10 @@
 """Shared test fixtures: free loopback ports and real uvicorn servers on 127.0.0.1.
 
-Every server a test starts binds 127.0.0.1 on a port the kernel hands out, so suites can run
-side by side; every server is stopped by the fixture that started it.
+Every in-process server a test starts binds 127.0.0.1 on a port the kernel hands out, so suites
+can run side by side; a server started later (a subprocess, a listener bound on start-up) gets
+`loadtest._net.quiet_port`: free, never handed out before, and below the kernel's ephemeral
+range, so no outgoing connection of the suite can take it in between. Every server is stopped by
+the fixture that started it.
 """
 
 from __future__ import annotations
@@ -20,13 +23,6 @@ import pytest
 import uvicorn
 
 from loadtest._net import quiet_port
-
-
-def free_port() -> int:
-    """A port for a server a test starts later (a subprocess, a listener bound on start-up): free,
-    never handed out before in this process, and below the kernel's ephemeral range, so that no
-    outgoing connection of the suite can take it in between (`loadtest._net.quiet_port`)."""
-    return quiet_port()
 
 
 def wait_for_port(port: int, timeout: float = 15.0, host: str = "127.0.0.1") -> None:
@@ -102,7 +98,7 @@ class ThreadedServer:
 
 @pytest.fixture
 def port() -> int:
-    return free_port()
+    return quiet_port()
 
 
 def require_binary(name: str) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from loadtest._net import free_port
+from loadtest._net import quiet_port
 
 TRACES_PATH = "/v1/traces"
 
@@ -71,7 +71,7 @@ class OtlpReceiver:
     """`with OtlpReceiver() as rx:` point an exporter at `rx.endpoint`, then `rx.wait_for(...)`."""
 
     def __init__(self) -> None:
-        self.port = free_port()
+        self.port = quiet_port()
         self.spans: list[ReceivedSpan] = []
         self.requests = 0
         self._lock = threading.Lock()

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.conftest import free_port
+from loadtest._net import quiet_port
 
 SERVICE_LABEL = "kubernetes.io/service-name"
 
@@ -63,7 +63,7 @@ class _Watch:
 class FakeKubeAPI:
     def __init__(self, port: int | None = None, *, token: str | None = None,
                  gone_as_http: bool = False) -> None:
-        self.port = port or free_port()
+        self.port = port or quiet_port()
         self.token = token
         self.gone_as_http = gone_as_http
         self.requests: list[dict[str, Any]] = []

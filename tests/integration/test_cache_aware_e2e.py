@@ -16,10 +16,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest._net import quiet_port
 from loadtest.fleet import Fleet
 from router.chunks import request_chunks
 from router.keys import derive
-from tests.conftest import free_port
 from tests.integration.conftest import router_settings
 
 SYSTEM = "You are the support assistant of the ACME billing platform. " * 30
@@ -113,7 +113,7 @@ def test_a_hot_prompt_spreads_under_load(router_server: Any) -> None:
 
 def test_a_retried_request_is_indexed_on_the_replica_that_answered(sim_fleet: Fleet,
                                                                    router_server: Any) -> None:
-    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: connect refused
+    dead = f"http://127.0.0.1:{quiet_port()}"  # nothing listens: connect refused
     settings = router_settings([dead, sim_fleet.urls[0]], routing={"policy": "cache_aware"},
                                health={"interval": 30.0, "eject_after": 100})
     srv, app = router_server(settings)

@@ -282,11 +282,11 @@ def test_tracing_off_imports_no_opentelemetry(tmp_path: Any) -> None:
 import asyncio, sys
 from router.app import create_app
 from router.settings import Settings
-from loadtest._net import free_port
+from loadtest._net import quiet_port
 
 async def main():
     app = create_app(Settings.from_dict({
-        "replicas": [{"name": "r0", "url": f"http://127.0.0.1:{free_port()}"}],
+        "replicas": [{"name": "r0", "url": f"http://127.0.0.1:{quiet_port()}"}],
         "logging": {"access_log": False}}))
     await app.startup()
     body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'

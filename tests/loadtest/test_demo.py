@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest._net import free_port, http_ok
+from loadtest._net import http_ok, quiet_port
 from loadtest.demo import DEMO_REPLICAS
 
 BIN = Path(sys.executable).parent
@@ -35,7 +35,7 @@ def _chat(base: str) -> tuple[int, str, dict[str, object]]:
 
 @pytest.mark.parametrize("command", [["prefix-router", "serve"], ["prefix-loadtest", "demo"]])
 def test_the_quick_start_serves_and_stops_its_fleet(command: list[str], tmp_path: Path) -> None:
-    port = free_port()
+    port = quiet_port()
     base = f"http://127.0.0.1:{port}"
     log = tmp_path / "out.log"
     with open(log, "w") as out:

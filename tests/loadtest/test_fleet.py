@@ -18,7 +18,6 @@ from loadtest import cli
 from loadtest._net import http_ok, quiet_port
 from loadtest.fleet import Fleet, FleetError
 from loadtest.replica.config import ReplicaConfig, add_arguments, from_namespace, to_argv
-from tests.conftest import free_port
 
 
 def pid_alive(pid: int) -> bool:
@@ -49,7 +48,7 @@ def test_fleet_starts_serves_and_stops_by_pid() -> None:
 
 
 def test_kill_and_restart_keep_the_port() -> None:
-    base = free_port()
+    base = quiet_port()
     with Fleet(replicas=1, base_port=base, speed=50.0, kv_blocks=64) as fleet:
         assert fleet.urls == [f"http://127.0.0.1:{base}"]
         old = fleet.pids[0]

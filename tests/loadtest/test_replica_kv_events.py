@@ -22,6 +22,7 @@ import pytest
 zmq = pytest.importorskip("zmq")
 pytest.importorskip("msgpack")
 
+from loadtest._net import quiet_port  # noqa: E402
 from loadtest.replica import Replica, ReplicaConfig  # noqa: E402
 from loadtest.replica.engine import Engine, EngineLimits, EngineRequest  # noqa: E402
 from loadtest.replica.kv_config import (  # noqa: E402
@@ -43,7 +44,6 @@ from router.kv_events.wire import (  # noqa: E402
     encode_seq,
 )
 from templates_audit.blocks import block_hashes  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
 
 HTTP = httpx.Client(timeout=30)
 
@@ -321,7 +321,7 @@ def kv_replica(threaded_server: Callable[..., Any]) -> Iterator[Callable[..., tu
     replicas: list[Replica] = []
 
     def start(**options: Any) -> tuple[str, Subscriber]:
-        pub, replay = free_port(), free_port()
+        pub, replay = quiet_port(), quiet_port()
         options.setdefault("speed", 100.0)
         options["kv_events_config"] = json.dumps({
             "enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv",
@@ -441,7 +441,7 @@ def test_publish_never_blocks_and_counts_what_it_drops() -> None:
             gate.wait(10)
             return 1.0
 
-    port = free_port()
+    port = quiet_port()
     pub = ZmqPublisher(KvEventsConfig(True, endpoint=f"tcp://*:{port}", max_queue_size=2))
     try:
         assert pub.publish(EventBatch(Slow(1.0), []))
@@ -463,7 +463,7 @@ def test_publish_never_blocks_and_counts_what_it_drops() -> None:
 
 
 def test_a_taken_port_fails_at_start() -> None:
-    port = free_port()
+    port = quiet_port()
     first = ZmqPublisher(KvEventsConfig(True, endpoint=f"tcp://*:{port}"))
     try:
         with pytest.raises(OSError, match="cannot open"):

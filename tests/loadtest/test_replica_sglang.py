@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
+from loadtest._net import quiet_port
 from loadtest.replica import Replica, ReplicaConfig
-from tests.conftest import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +41,7 @@ def test_sglang_router_registers_and_proxies_to_the_replica(
     model_dir = make_tokenizer_dir(tmp_path / "model")
     replica = threaded_server(Replica(ReplicaConfig(name="sim-sg", model_path=str(model_dir),
                                                     speed=50.0)))
-    port = free_port()
+    port = quiet_port()
     log = tmp_path / "sglang.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(

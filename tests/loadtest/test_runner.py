@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from loadtest._net import quiet_port
 from loadtest.client import ErrorKind
 from loadtest.fleet import Fleet
 from loadtest.runner import Plan, busy_seconds, run, scale_arrivals
 from loadtest.setups import Setup, launch
 from loadtest.stats import parse_prometheus
 from loadtest.workloads import Request, WorkloadSpec, generate
-from tests.conftest import free_port
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def test_hard_deadline_cancels_and_counts() -> None:
 
 
 def test_errors_by_kind(fleet: Fleet) -> None:
-    closed = f"http://127.0.0.1:{free_port()}"
+    closed = f"http://127.0.0.1:{quiet_port()}"
     res = run(Plan(closed, concurrency=2, max_requests=4, max_time=20.0), _workload(4))
     assert res.summary()["errors"] == {"connect": 4}
     bad = [Request(i, 0.0, "/v1/chat/completions", {"model": "sim-model", "max_tokens": 0,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from loadtest._net import free_port
+from loadtest._net import quiet_port
 from loadtest.splitter import serve
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -27,7 +27,7 @@ async def _with_splitter(handlers: list[Handler],
                          body: Callable[[int], Awaitable[None]]) -> None:
     servers = [await asyncio.start_server(h, "127.0.0.1", 0) for h in handlers]
     ports = [s.sockets[0].getsockname()[1] for s in servers]
-    port = free_port()
+    port = quiet_port()
     ready, stop = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(serve(port, [("127.0.0.1", p) for p in ports], ready=ready,
                                      stop=stop))
@@ -130,9 +130,9 @@ def test_an_upstream_that_refuses_closes_the_client(loop_run: Any) -> None:
         w.close()
 
     async def run() -> None:
-        dead = free_port()  # nothing listens there
+        dead = quiet_port()  # nothing listens there
         ready, stop = asyncio.Event(), asyncio.Event()
-        port = free_port()
+        port = quiet_port()
         task = asyncio.create_task(serve(port, [("127.0.0.1", dead)], ready=ready, stop=stop))
         await ready.wait()
         await asyncio.wait_for(body(port), 10)

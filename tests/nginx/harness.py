@@ -26,12 +26,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from loadtest._net import quiet_port
 from router.nginx_config import NginxOptions, render, render_config
 from router.replicas import address_of
 from router.ring import RingMember
 from router.ring.nginx import NginxRing
 from router.settings import Settings
-from tests.conftest import ThreadedServer, free_port, require_binary, wait_for_port
+from tests.conftest import ThreadedServer, require_binary, wait_for_port
 
 Replica = tuple[str, str, int]  # (name, url, weight), what render_config takes
 KEY_HEADER = "X-Prefix-Hash"
@@ -151,7 +152,7 @@ class NginxProcess:
 def running_nginx(prefix: Path, replicas: Sequence[Replica],
                   **options: object) -> Iterator[NginxProcess]:
     """A standalone nginx rendered from ``replicas``; options go to :class:`NginxOptions`."""
-    port = free_port()
+    port = quiet_port()
     conf = render_standalone(replicas, port, **options)
     nginx = NginxProcess(prefix, conf, port).start()
     try:
@@ -239,7 +240,7 @@ def _backend_conf(names_ports: Sequence[tuple[str, int]]) -> str:
 def nginx_fleet(prefix: Path, weights: Sequence[int]) -> Iterator[list[Replica]]:
     """Like :func:`identity_fleet` but every replica is a ``server`` of one backend nginx:
     the same self-naming upstreams at a fraction of the cost, for bulk placement captures."""
-    names_ports = [(f"r{i}", free_port()) for i in range(len(weights))]
+    names_ports = [(f"r{i}", quiet_port()) for i in range(len(weights))]
     backend = NginxProcess(prefix, _backend_conf(names_ports), names_ports[-1][1])
     backend.start()
     try:
@@ -262,7 +263,7 @@ def ring_parity_setup(prefix: Path, replicas: Sequence[Replica],
         "scrape": {"enabled": False},
         "health": {"interval": 60.0},
     })
-    port = free_port()
+    port = quiet_port()
     conf = render(settings, listen=f"127.0.0.1:{port}", standalone=True)
     return settings, NginxProcess(prefix, conf, port).start()
 

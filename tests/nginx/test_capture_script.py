@@ -10,7 +10,7 @@ from types import ModuleType
 import pytest
 import yaml
 
-from tests.conftest import free_port
+from loadtest._net import quiet_port
 from tests.nginx.harness import NginxProcess, Replica, nginx_fleet, render_standalone
 
 pytestmark = pytest.mark.nginx
@@ -36,7 +36,7 @@ def test_script_agrees_with_matching_nginx_and_flags_a_stale_one(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = load_script()
     with nginx_fleet(tmp_path / "backends", [1, 2, 1]) as replicas:
-        port = free_port()
+        port = quiet_port()
         nginx = NginxProcess(tmp_path / "front", render_standalone(replicas, port), port).start()
         try:
             config = write_router_yaml(tmp_path / "router.yaml", replicas)

@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loadtest._net import http_ok
+from loadtest._net import http_ok, quiet_port
 from router.cli import main as router_cli
-from tests.conftest import free_port
 from tests.nginx.harness import NginxProcess, check_config, nginx_fleet, placements
 
 pytestmark = pytest.mark.nginx
@@ -48,7 +47,7 @@ def test_nginx_config_from_backend_flags_routes_like_serve(tmp_path: Path) -> No
                                       "health": {"interval": 60.0}}))
     with nginx_fleet(tmp_path / "backends", [2, 3, 1, 1]) as replicas:
         flags = ["--config", str(config), *backend_flags(replicas)]
-        nginx_port, router_port = free_port(), free_port()
+        nginx_port, router_port = quiet_port(), quiet_port()
         rendered = tmp_path / "nginx.conf"
         assert router_cli(["nginx-config", *flags, "--standalone",
                            "--listen", f"127.0.0.1:{nginx_port}", "--out", str(rendered)]) == 0

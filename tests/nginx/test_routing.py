@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from loadtest._net import quiet_port
 from router.replicas import address_of
-from tests.conftest import ThreadedServer, free_port
+from tests.conftest import ThreadedServer
 from tests.nginx.harness import (
     KEY_HEADER,
     NginxProcess,
@@ -120,7 +121,7 @@ def test_router_and_other_endpoints_are_not_proxied(tmp_path: Path, path: str) -
 
 
 def test_keys_of_an_unreachable_replica_follow_the_ring_walk(tmp_path: Path) -> None:
-    dead_port = free_port()  # nothing listens: connection refused, `proxy_next_upstream error`
+    dead_port = quiet_port()  # nothing listens: connection refused, `proxy_next_upstream error`
     with nginx_fleet(tmp_path / "backends", [1, 1, 1]) as alive:
         replicas = [*alive, ("r3", f"http://127.0.0.1:{dead_port}", 1)]
         ring = ring_of(replicas)
@@ -139,7 +140,7 @@ def test_keys_of_an_unreachable_replica_follow_the_ring_walk(tmp_path: Path) -> 
 def test_reload_without_a_replica_moves_only_its_keys(tmp_path: Path) -> None:
     keys = KEYS[:1000]
     with nginx_fleet(tmp_path / "backends", [1, 2, 1, 1]) as replicas:
-        port = free_port()
+        port = quiet_port()
         nginx = NginxProcess(tmp_path / "front", render_standalone(replicas, port), port).start()
         try:
             before = placements(nginx.port, keys)

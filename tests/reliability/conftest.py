@@ -36,8 +36,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest._net import quiet_port
 from loadtest.fleet import Fleet
-from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SCALE = float(os.environ.get("RELIABILITY_SCALE", "1"))
@@ -159,7 +159,7 @@ def router_config(urls: list[str], names: list[str] | None = None,
                   **sections: dict[str, Any]) -> dict[str, Any]:
     names = names or [f"sim-{i}" for i in range(len(urls))]
     cfg: dict[str, Any] = {
-        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "listen": {"host": "127.0.0.1", "port": quiet_port()},
         "replicas": [{"name": n, "url": u} for n, u in zip(names, urls, strict=True)],
         "health": dict(STEADY_HEALTH),
         "scrape": {"interval": 0.25, "enabled": False},
@@ -214,16 +214,16 @@ class RouterProcess:
     def start(self, timeout: float = 20.0, attempts: int = 3) -> RouterProcess:
         """Start the router and wait until it answers /health on a socket it listens on itself.
 
-        Its ports come from `free_port()` and are bound only once the process runs: another
+        Its ports come from `quiet_port()` and are bound only once the process runs: another
         suite on the machine can take one in between. Then the router exits ("address already
         in use") and is started again on fresh ports, up to `attempts` times; and a /health
         answered by that other process never counts as this router being up."""
         for _ in range(attempts):
             if self._start_once(timeout):
                 return self
-            self.config["listen"]["port"] = free_port()
+            self.config["listen"]["port"] = quiet_port()
             if (self.config.get("admin") or {}).get("port"):
-                self.config["admin"]["port"] = free_port()
+                self.config["admin"]["port"] = quiet_port()
         raise RuntimeError(f"router could not bind free ports in {attempts} tries:\n"
                            f"{self.output()}")
 

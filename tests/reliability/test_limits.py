@@ -28,8 +28,9 @@ from typing import Any
 import httpx
 import pytest
 
+from loadtest._net import quiet_port
 from loadtest.fleet import Fleet
-from tests.conftest import ThreadedServer, asgi_lifespan, free_port
+from tests.conftest import ThreadedServer, asgi_lifespan
 from tests.reliability.conftest import RouterProcess, metric, promise, router_config, scaled
 from tests.reliability.load import chat_body
 from tests.reliability.rawhttp import RawHTTP, request
@@ -64,7 +65,7 @@ def fd_count(pid: int) -> int:
 def limited_router(start_router: Callable[..., RouterProcess], urls: list[str],
                    names: list[str] | None = None, **limits: Any) -> RouterProcess:
     return start_router(router_config(urls, names, limits=limits,
-                                      admin={"host": "127.0.0.1", "port": free_port()}))
+                                      admin={"host": "127.0.0.1", "port": quiet_port()}))
 
 
 def openai_code(body: bytes) -> str:
@@ -247,7 +248,7 @@ def test_body_deadline_and_rate(counting_upstream: ThreadedServer,
     router = start_router(router_config(
         [counting_upstream.url], ["count"], limits={"body_timeout": BODY_TIMEOUT,
                                                     "body_min_rate": MIN_RATE},
-        admin={"host": "127.0.0.1", "port": free_port()},
+        admin={"host": "127.0.0.1", "port": quiet_port()},
         logging={"level": "info", "access_log": True}))
     # a trickle: 100,000 bytes declared, one a tenth of a second
     with socket.create_connection(("127.0.0.1", router.port), timeout=15) as s:

@@ -20,10 +20,11 @@ from typing import Any
 import httpx
 import pytest
 
+from loadtest._net import quiet_port
 from loadtest.fleet import Fleet
 from loadtest.replica import Replica, ReplicaConfig
 from router import auth as router_auth
-from tests.conftest import ThreadedServer, asgi_lifespan, free_port
+from tests.conftest import ThreadedServer, asgi_lifespan
 from tests.reliability.conftest import RouterProcess, parse_metrics, router_config
 from tests.reliability.load import chat_body
 
@@ -171,7 +172,7 @@ def test_metrics_only_on_admin_listener(recorder: tuple[Recorder, ThreadedServer
                                         start_router: Callable[..., RouterProcess]) -> None:
     _, upstream = recorder
     router = start_router(router_config([upstream.url], ["rec"],
-                                        admin={"host": "127.0.0.1", "port": free_port()}))
+                                        admin={"host": "127.0.0.1", "port": quiet_port()}))
     assert post(router.url, chat_body(5)).status_code == 200
     assert httpx.get(router.url + "/metrics").status_code == 404
     admin = f"http://127.0.0.1:{router.config['admin']['port']}"

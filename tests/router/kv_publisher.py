@@ -14,16 +14,16 @@ import time
 import zmq
 import zmq.asyncio
 
+from loadtest._net import quiet_port
 from router.kv_events.wire import REPLAY_END, EventBatch, decode_seq, encode_batch, encode_seq
-from tests.conftest import free_port
 
 
 class Publisher:
     def __init__(self, ctx: zmq.asyncio.Context, topic: str = "kv") -> None:
         self.ctx = ctx
         self.topic = topic.encode()
-        self.port = free_port()
-        self.replay_port = free_port()
+        self.port = quiet_port()
+        self.replay_port = quiet_port()
         self.pub = ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.bind(f"tcp://127.0.0.1:{self.port}")

@@ -10,9 +10,10 @@ from typing import Any
 import httpx
 import pytest
 
+from loadtest._net import quiet_port
 from router.app import RouterApp, create_app
 from router.settings import Settings
-from tests.conftest import ThreadedServer, free_port
+from tests.conftest import ThreadedServer
 from tests.integration.conftest import fake_fleet, router_server, router_settings  # noqa: F401
 
 SYSTEM = "You are a meticulous assistant for the billing team. Answer in two sentences at most."
@@ -116,7 +117,7 @@ def test_max_in_flight_429_with_retry_after(fake_fleet: Any, router_server: Any)
 
 
 def test_all_replicas_down_503_with_retry_after(router_server: Any) -> None:
-    dead = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    dead = [f"http://127.0.0.1:{quiet_port()}" for _ in range(2)]
     srv, _ = router_server(router_settings(dead, health={"interval": 60, "eject_after": 10}))
     r = post(srv.url, CHAT)
     assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
@@ -191,7 +192,7 @@ def test_not_found_and_other_v1_paths(fake_fleet: Any, router_server: Any) -> No
 
 def test_admin_listener_serves_metrics(fake_fleet: Any, router_server: Any) -> None:
     fleet = fake_fleet(1)
-    admin_port = free_port()
+    admin_port = quiet_port()
     srv, _ = router_server(router_settings(fleet.urls,
                                            admin={"host": "127.0.0.1", "port": admin_port}))
     assert post(srv.url, CHAT).status_code == 200

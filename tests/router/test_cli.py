@@ -14,9 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
+from loadtest._net import quiet_port
 from router.cli import main
 from router.client import hash_key
-from tests.conftest import free_port, wait_for_port
+from tests.conftest import wait_for_port
 from tests.integration.conftest import FakeReplica
 
 BODY = {"model": "fake-model", "messages": [
@@ -128,7 +129,7 @@ def stop(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
 def test_serve_flag_form_end_to_end(threaded_server: Any, workers: int) -> None:
     fakes = [FakeReplica("a"), FakeReplica("b")]
     urls = [threaded_server(f.app()).url for f in fakes]
-    port = free_port()
+    port = quiet_port()
     proc = serve_process(["--backend", urls[0], "--backend", urls[1],
                           "--workers", str(workers), "--policy", "round_robin"], port)
     try:
@@ -156,7 +157,7 @@ def test_serve_flag_form_end_to_end(threaded_server: Any, workers: int) -> None:
 def test_sigterm_finishes_in_flight_requests_then_exits(threaded_server: Any) -> None:
     fake = FakeReplica("a")
     url = threaded_server(fake.app()).url
-    port = free_port()
+    port = quiet_port()
     proc = serve_process(["--backend", url], port)
     base = f"http://127.0.0.1:{port}"
     results: list[int] = []

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from loadtest._net import quiet_port
 from router.app import RouterApp
 from router.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout, translate_upstream
 from router.proxy import HOP_BY_HOP, strip_hop_by_hop
-from tests.conftest import free_port
 from tests.integration.conftest import fake_fleet, router_server, router_settings  # noqa: F401
 
 SYSTEM = "You are a meticulous assistant for the billing team. Answer in two sentences at most."
@@ -57,7 +57,7 @@ def chat(stream: bool = False, **extra: Any) -> dict[str, Any]:
 
 
 def dead_url() -> str:
-    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    return f"http://127.0.0.1:{quiet_port()}"  # nothing listens there
 
 
 def test_connect_failure_retries_next_candidate(fake_fleet: Any, router_server: Any) -> None:

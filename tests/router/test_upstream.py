@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 import uvloop
 
+from loadtest._net import quiet_port
 from router.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout, translate_upstream
 from router.upstream import HIGH_WATER, Origin, Response, UpstreamPool, origin_of
-from tests.conftest import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -284,7 +284,7 @@ def test_read_timeouts_and_refused_connect(loop_kind: str) -> None:
             await pool.close()
         pool = UpstreamPool()
         with pytest.raises(aiohttp.ClientConnectionError) as conn_info:
-            await pool.request(origin_of("http", "127.0.0.1", free_port()), "GET", b"/", [],
+            await pool.request(origin_of("http", "127.0.0.1", quiet_port()), "GET", b"/", [],
                                None, connect_timeout=5.0, read_timeout=5.0)
         assert translated(conn_info.value) is UpstreamConnectError
         await pool.close()

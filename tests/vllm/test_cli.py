@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loadtest._net import quiet_port
 from loadtest.vllm_fleet import VllmFleet
-from tests.conftest import free_port
 
 from ._process import serving
 from ._prompts import chat
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 @pytest.fixture
 def router_process(fleet: VllmFleet, tmp_path: Path) -> Iterator[str]:
-    port = free_port()
+    port = quiet_port()
     backends = [arg for url in fleet.urls for arg in ("--backend", url)]
     argv = [sys.executable, "-m", "router", "serve", *backends, "--port", str(port),
             "--workers", "2"]

@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
+from loadtest._net import quiet_port
 from loadtest.vllm_fleet import VllmFleet
-from tests.conftest import free_port
 
 from ._process import serving
 from ._prompts import prose
@@ -85,7 +85,7 @@ def measure(url: str, reqs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
 @pytest.fixture
 def sim_replica(fleet: VllmFleet, tmp_path: Path) -> Any:
     model = fleet.env.model_dir
-    port = free_port()
+    port = quiet_port()
     argv = [sys.executable, "-m", "loadtest", "replica", "--port", str(port), "--model", "tiny-llama",
             "--block-size", "32", "--kv-blocks", str(KV_BLOCKS),
             "--tokenizer", str(model / "tokenizer.json"),

@@ -20,10 +20,11 @@ from typing import Any
 import httpx
 import pytest
 
+from loadtest._net import quiet_port
 from loadtest.replica import Replica, ReplicaConfig
 from loadtest.vllm_fleet import VllmFleet
 from router.kv_events.wire import AllBlocksCleared, BlockStored, EventBatch
-from tests.conftest import ThreadedServer, free_port
+from tests.conftest import ThreadedServer
 from tests.loadtest.test_replica_kv_events import Subscriber, wait_subscribed
 
 from ._prompts import prose
@@ -124,7 +125,7 @@ def subscriber(fleet: VllmFleet) -> Iterator[Subscriber]:
 @pytest.fixture
 def sim_subscriber(fleet: VllmFleet) -> Iterator[tuple[str, Subscriber]]:
     model = fleet.env.model_dir
-    pub, replay = free_port(), free_port()
+    pub, replay = quiet_port(), quiet_port()
     replica = Replica(ReplicaConfig(
         model=MODEL, block_size=fleet.block_size, kv_blocks=512, instant=True,
         tokenizer=str(model / "tokenizer.json"), chat_template=str(model / "chat_template.jinja"),
