@@ -46,7 +46,7 @@ from typing import Any
 from loadtest.ceiling import HitRate
 
 __all__ = ["Conversation", "HitBound", "Placement", "cell_bounds", "cell_conversations",
-           "copy_greedy", "hit_bound", "lower_bound", "lpt"]
+           "copy_greedy", "hit_bound", "lower_bound", "lpt", "lpt_assign"]
 
 
 @dataclass(frozen=True)
@@ -148,15 +148,27 @@ def lower_bound(sizes: Sequence[int], replicas: int) -> float:
     return max(max(sizes), mean) / mean
 
 
+def lpt_assign(sizes: Sequence[int], replicas: int) -> list[int]:
+    """Longest processing time first: item by item, largest first (ties in index order), onto
+    the replica with the least so far (ties: the lowest); the replica of each item. O(n log n +
+    n x replicas)."""
+    loads = [0] * replicas
+    where = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        r = loads.index(min(loads))
+        where[i] = r
+        loads[r] += sizes[i]
+    return where
+
+
 def lpt(sizes: Sequence[int], replicas: int) -> float:
     """max/mean of the longest-processing-time-first placement (within 4/3 of the optimum)."""
     total = sum(sizes)
     if not total or replicas < 1:
         return 1.0
     loads = [0] * replicas
-    for s in sorted(sizes, reverse=True):
-        i = loads.index(min(loads))
-        loads[i] += s
+    for s, r in zip(sizes, lpt_assign(sizes, replicas), strict=True):
+        loads[r] += s
     return max(loads) / (total / replicas)
 
 

@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from loadtest.balance_bound import lpt_assign
 from loadtest.ceiling import Ceiling, Prompt
 from templates_audit.blocks import PrefixCache
 
@@ -167,13 +168,7 @@ def search_partition(prompts: Sequence[Prompt], groups: Sequence[int], replicas:
     count = [0] * n
     for g in groups:
         count[g] += 1
-    load = [0] * replicas
-    best_map = [0] * n
-    for g in sorted(range(n), key=lambda g: -count[g]):
-        r = min(range(replicas), key=lambda r: load[r])
-        best_map[g] = r
-        load[r] += count[g]
-
+    best_map = lpt_assign(count, replicas)
     best = transplant(prompts, groups, best_map, replicas, kv_blocks, block_size)
     rng = random.Random(seed)
     for _ in range(steps):

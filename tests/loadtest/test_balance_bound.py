@@ -20,6 +20,7 @@ from loadtest.balance_bound import (
     hit_bound,
     lower_bound,
     lpt,
+    lpt_assign,
 )
 from loadtest.ceiling import opt_bound, replay
 from templates_audit.blocks import PrefixCache, block_hashes
@@ -39,6 +40,14 @@ def test_bounds(sizes: list[int], replicas: int, bound: float, lpt_value: float)
     assert lower_bound(sizes, replicas) == pytest.approx(bound)
     assert lpt(sizes, replicas) == pytest.approx(lpt_value)
     assert lpt(sizes, replicas) >= lower_bound(sizes, replicas) - 1e-9
+
+
+def test_lpt_assign_by_hand() -> None:
+    # largest first, ties in index order: 5 -> r0, 4 -> r1, the 3 at index 0 -> r1 (4 < 5),
+    # the 3 at index 3 -> r0 (5 < 7), 0 -> r1 (7 < 8); equal loads go to the lower replica
+    assert lpt_assign([3, 5, 4, 3, 0], 2) == [1, 0, 1, 0, 1]
+    assert lpt_assign([2, 2], 3) == [0, 1]
+    assert lpt_assign([], 3) == []
 
 
 def test_copy_greedy_keeps_a_group_together_while_it_fits() -> None:
