@@ -11,42 +11,26 @@ Three lookups, cheapest first:
    latest :data:`GUESS_TEMPLATES` templates sharing them), finds the lines where the text
    differs from that template's reference (``changed_range``) and masks only those; equal masks
    there mean equal masked texts.
-3. **similar** (values no detector knows: names, cities, injected paragraphs):
-   * multi-line texts vote with their distinct masked lines against an inverted index of every
-     template's reference lines, each line weighted by its length: the best template wins if
-     the lines it shares hold at least :data:`LINE_SIMILARITY` of the larger text's line
-     characters (lines shared by more than :data:`MAX_POSTING` templates — boilerplate — do not
-     vote). Weighting by length keeps a chat header, ``Current date: …`` and a closing line
-     from making two unrelated short prompts one template. Below :data:`SURE_SIMILARITY` the
-     winner must also align as one skeleton (below), share the first and last lines
-     (``_same_ends``) or share leading whole lines holding :data:`LINE_SIMILARITY` of the text
-     (a varying end): a long shared paragraph does not make two openings one template;
-   * otherwise the best :data:`SKELETON_CANDIDATES` voted templates (multi-line; sharing at
-     least :data:`CANDIDATE_SHARE` of the line characters) or the recent
-     short templates of the model sharing :data:`WORD_OVERLAP` of their words (fewer than
-     :data:`MIN_LINES` non-empty lines) are aligned with the text word by word
-     (:func:`skeleton_match`): the same static skeleton with at most :data:`MAX_SLOTS` varying
-     slots, each a value (``classify``: a name, a number, an id... — not prose; a slot of more
-     than :data:`PROSE_SLOT_WORDS` words only when it is shaped like a name, ``Aisha van der
-     Berg``) of at most :data:`MAX_SLOT_WORDS` words. So a prompt whose first sentence names the user is one
-     template, wherever the name sits and however much static text follows, while "You are a
-     help desk bot. Classify …" and "You are the official help desk bot. Extract …" stay two;
-     and "You are a helpful assistant." and "You are a pirate." stay two;
-   * multi-line texts that fail the vote join a recent template whose reference begins with the
-     same :data:`HEAD_LINES` or more whole non-empty lines and ends with the same whole lines
-     (:data:`TAIL_CHARS` or more characters; :meth:`TemplateIndex._same_head`): a fixed preamble
-     and fixed instructions around an injected multi-line block (retrieved documents, a profile)
-     that shares too few lines with the reference to vote.
+3. **re-converging** (values no detector knows: names, cities, codenames, drawn examples,
+   memories, retrieved passages): the template the text meets deepest in the prefix tree of
+   every static part seen (:class:`.prefix_tree.PrefixTree`; and in the tree of reversed texts,
+   for a value at the very start), and the latest templates sharing its first or last
+   characters, are aligned with it piece by piece (:func:`.prefix_tree.align`); the first whose
+   alignment differs only in volatile gaps (:func:`.prefix_tree.same_template`) is its
+   template. This is how vLLM shares blocks: the same tokens before a block, whatever varies
+   in between - not a similarity score.
 
-Memory: the exact and masked maps are LRU-bounded (:data:`MAX_KEYS` each); the inverted index
-and short list grow with templates only. Cost: exact hit O(len); masked O(lines) with a per-line
-cache; similar O(lines * posting) or O(recent short templates * len).
+Memory: the exact and masked maps are LRU-bounded (:data:`MAX_KEYS` each); the trees are bounded
+by their paths (:data:`.prefix_tree.MAX_PATHS`); the references grow with templates only.
+Cost: exact hit O(len) plus a tree count bump; masked O(lines) with a per-line cache;
+re-converging O(pieces) per candidate, for static texts not seen before.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
@@ -55,19 +39,27 @@ import xxhash
 from templates_audit.detectors import Kind, classify
 from templates_audit.detectors.shapes import name_shaped
 from templates_audit.findings import changed_range, common_prefix, common_suffix, mask_line
+from templates_audit.prefix_tree import (
+    SHORT_GAP,
+    Alignment,
+    PrefixTree,
+    align,
+    pieces,
+    same_template,
+)
 
-__all__ = ["GUESS_CHARS", "HEAD_LINES", "LINE_SIMILARITY", "TAIL_CHARS", "TemplateIndex", "mask_line",
-           "skeleton_match"]
+__all__ = ["GUESS_CHARS", "MAX_CANDIDATES", "TemplateIndex", "mask_line"]
 
 GUESS_CHARS = 64
 GUESS_TEMPLATES = 4
+MAX_CANDIDATES = 6  # templates aligned with a new static text, at most
+MAX_KEYS = 1 << 16
 LINE_SIMILARITY = 0.6
 HEAD_LINES = 2
 TAIL_CHARS = 64
 MIN_LINES = 4
 MAX_POSTING = 32
 MAX_SHORT_DIFF = 64
-MAX_KEYS = 1 << 16
 RECENT_SHORT = 256
 SKELETON_CANDIDATES = 8
 SURE_SIMILARITY = 0.9  # voted line characters that make a template without aligning
@@ -81,9 +73,6 @@ PROSE_SHARE = 0.02  # ... and such slots at most this share of the larger text
 MAX_ALIGN_WORDS = 4000
 _TOKEN = re.compile(r"\S+")
 
-
-def _h(text: str) -> int:
-    return xxhash.xxh3_64_intdigest(text.encode("utf-8", "surrogatepass"))
 
 
 def skeleton_match(ref: str, text: str, value_like: Callable[[str, str, str], bool]) -> bool:
@@ -122,16 +111,6 @@ def skeleton_match(ref: str, text: str, value_like: Callable[[str, str, str], bo
     return varying <= (1 - SKELETON_SHARE) * larger and prose <= PROSE_SHARE * larger
 
 
-def _value_like(before: str, value: str, after: str) -> bool:
-    if not value.strip() or len(value.split()) > 6:
-        return False
-    if len(value.split()) == 1 and any(c.isdigit() for c in value):
-        return True  # one token holding a digit: a code, a model id (`claude-sonnet-4`), a number
-    return classify(before[-96:], value, after[:96]) is not Kind.OTHER or name_shaped(value) or (
-        value[:1].isupper() and len(value.split()) <= 3
-    )
-
-
 def _weighted_lines(model: str, lines: list[str]) -> dict[int, int]:
     """Distinct non-empty masked lines (hashed with the model) -> their length, the weight of a
     line in the vote."""
@@ -158,22 +137,54 @@ def _same_head_share(ref: str, text: str) -> bool:
     return head >= LINE_SIMILARITY * max(len(ref), len(text))
 
 
+VALUE_GAP = 8  # pieces: a differing run this short is volatile whatever it is (a word, a name, an id)
+SHORT_TEXT = 48  # pieces: a text this short that differs in prose, not a value, is another prompt
+
+
+def _h(text: str) -> int:
+    return xxhash.xxh3_64_intdigest(text.encode("utf-8", "surrogatepass"))
+
+
+def _value_like(before: str, value: str, after: str) -> bool:
+    """Whether a differing run of a short text is a value (a code, a number, a name, anything a
+    detector knows) rather than prose ("helpful assistant" / "pirate")."""
+    if not value.strip() or len(value.split()) > 6:
+        return False
+    if len(value.split()) == 1 and any(c.isdigit() for c in value):
+        return True
+    return classify(before[-96:], value, after[:96]) is not Kind.OTHER or name_shaped(value) or (
+        value[:1].isupper() and len(value.split()) <= 3)
+
+
+def _seq(model: str, text: str) -> tuple[array[int], list[int]]:
+    """The text's pieces, after one for the model (templates never span models)."""
+    hashes, starts = pieces(text)
+    hashes.insert(0, hash("\x00model:" + model))
+    return hashes, starts
+
+
 class TemplateIndex:
     """Maps static texts to template ids (see the module docstring)."""
 
-    def __init__(self, value_like: Callable[[str, str, str], bool] = _value_like) -> None:
-        self._exact: OrderedDict[int, str] = OrderedDict()
-        self._masked: OrderedDict[int, str] = OrderedDict()
+    def __init__(self, value_like: Callable[[str, str, str], bool] | None = None) -> None:
+        self._value_like = value_like or _value_like
+        # the line vote of the fallback (step 4)
         self._postings: dict[int, list[str]] = {}
         self._nlines: dict[str, int] = {}
         self._nchars: dict[str, int] = {}  # characters of a template's distinct voting lines
         self._short: dict[str, deque[tuple[str, str]]] = {}
         self._words: dict[str, frozenset[str]] = {}  # a short template's words
-        self._value_like = value_like
+        self._exact: OrderedDict[int, str] = OrderedDict()
+        self._masked: OrderedDict[int, str] = OrderedDict()
         # find_near: each template's reference text and masked key, and the latest
         # GUESS_TEMPLATES templates per (model, first or last GUESS_CHARS characters of it).
         self._refs: dict[str, tuple[str, int]] = {}
         self._guess: dict[tuple[str, str], deque[str]] = {}
+        # Every distinct static part seen (bounded), forwards and reversed; the node where a
+        # kept exact key's path ends, to count its repeats.
+        self.tree = PrefixTree()
+        self.rtree = PrefixTree()
+        self._ends: OrderedDict[int, object] = OrderedDict()
 
     @staticmethod
     def _remember(lru: OrderedDict[int, str], key: int, tid: str) -> None:
@@ -187,6 +198,9 @@ class TemplateIndex:
         tid = self._exact.get(key)
         if tid is not None:
             self._exact.move_to_end(key)
+            end = self._ends.get(key)
+            if end is not None:
+                PrefixTree.bump(end)  # type: ignore[arg-type]
         return tid, key
 
     def find(self, model: str, text: str, exact_key: int) -> tuple[str | None, str]:
@@ -195,12 +209,15 @@ class TemplateIndex:
         masked = "\n".join(lines)
         mkey = _h(model + "\x00" + masked)
         tid = self._masked.get(mkey)
+        seq: tuple[array[int], list[int]] | None = None
         if tid is None:
-            tid = self._similar(model, text, lines)
+            seq = _seq(model, text)
+            tid = self._reconverging(model, text, seq) or self._similar(model, text, lines)
             if tid is not None:
                 self._remember(self._masked, mkey, tid)
         if tid is not None:
             self._remember(self._exact, exact_key, tid)
+            self._grow(model, text, exact_key, tid, seq)
         return tid, f"{mkey:016x}"
 
     def find_near(self, model: str, text: str, exact_key: int) -> tuple[str, tuple[int, int]] | None:
@@ -220,6 +237,7 @@ class TemplateIndex:
                         and list(map(mask_line, ours)) == list(map(mask_line, theirs))
                         and self._masked.get(mkey) == tid):
                     self._remember(self._exact, exact_key, tid)
+                    self._grow(model, text, exact_key, tid, None)
                     return tid, (lo, hi)
         return None
 
@@ -232,6 +250,7 @@ class TemplateIndex:
         self._refs[tid] = (text, mkey)
         for guess in {text[:GUESS_CHARS], text[-GUESS_CHARS:]}:
             self._guess.setdefault((model, guess), deque(maxlen=GUESS_TEMPLATES)).appendleft(tid)
+        self._grow(model, text, exact_key, tid, None)
         distinct = _weighted_lines(model, lines)
         self._nlines[tid] = len(distinct)
         self._nchars[tid] = sum(distinct.values())
@@ -247,9 +266,11 @@ class TemplateIndex:
 
     def remove(self, tid: str, model: str, text: str, exact_key: int) -> None:
         """Forget template ``tid`` (reference ``text``, added with ``exact_key``): a later
-        request like it starts a new template. Cost: O(lines of text * posting length)."""
+        request like it starts a new template. Its paths stay in the trees (bounded), whose
+        nodes then name a template that is no longer a candidate."""
         if self._exact.get(exact_key) == tid:
             del self._exact[exact_key]
+        self._ends.pop(exact_key, None)
         _, mkey = self._refs.pop(tid)
         if self._masked.get(mkey) == tid:
             del self._masked[mkey]
@@ -273,6 +294,48 @@ class TemplateIndex:
             short = self._short.get(model)
             if short is not None and (tid, text) in short:
                 short.remove((tid, text))
+
+    def _grow(self, model: str, text: str, exact_key: int, tid: str,
+              seq: tuple[array[int], list[int]] | None) -> None:
+        """Insert a static part seen for the first time into both trees."""
+        hashes = (seq or _seq(model, text))[0]
+        end = self.tree.insert(hashes, tid)
+        rev = array("q", hashes[:1])
+        rev.extend(reversed(hashes[1:]))
+        self.rtree.insert(rev, tid)
+        if end is not None:
+            self._ends[exact_key] = end
+            if len(self._ends) > MAX_KEYS:
+                self._ends.popitem(last=False)
+
+    def _reconverging(self, model: str, text: str, seq: tuple[array[int], list[int]]
+                      ) -> str | None:
+        """The first candidate template whose reference differs from ``text`` only in volatile
+        gaps (module docstring, step 3)."""
+        hashes, starts = seq
+        rev = array("q", hashes[:1])
+        rev.extend(reversed(hashes[1:]))
+        candidates: list[str] = []
+        for tree, key in ((self.tree, hashes), (self.rtree, rev)):
+            depth, tid, _ = tree.deepest(key)
+            if depth > 1 and tid in self._refs and tid not in candidates:
+                candidates.append(tid)
+        for guess in (text[:GUESS_CHARS], text[-GUESS_CHARS:]):
+            for tid in self._guess.get((model, guess), ()):
+                if tid not in candidates:
+                    candidates.append(tid)
+        for tid in candidates[:MAX_CANDIDATES]:
+            ref = self._refs[tid][0]
+            rh, rs = _seq(model, ref)
+            al = align(rh, hashes)
+            if not same_template(al, len(rh), len(hashes), ref, text, [0, *rs], [0, *starts]):
+                continue
+            short = max(len(rh), len(hashes)) < SHORT_TEXT
+            if not _values_only(al, ref, [0, *rs], text, [0, *starts], 0 if short else VALUE_GAP):
+                continue
+            return tid
+        return None
+
 
     def _similar(self, model: str, text: str, lines: list[str]) -> str | None:
         distinct = _weighted_lines(model, lines)
@@ -337,3 +400,33 @@ class TemplateIndex:
             if _same_ends(self._refs[tid][0], text, GUESS_CHARS):
                 return tid
         return None
+
+_WORD = re.compile(r"[A-Za-z]+[.,;:!?]?")
+
+
+def _prose(run: str) -> bool:
+    """Whether a differing run reads as prose (another prompt's wording) rather than a value:
+    no digit, only plain words, two or more of them lowercase words of four letters or more
+    ("Only discuss appointments and prescriptions." - not "Maria de la Cruz", "#AB12 v2.3")."""
+    words = run.split()
+    if not words or any(c.isdigit() for c in run) or not all(_WORD.fullmatch(w) for w in words):
+        return False
+    return sum(1 for w in words if w[0].islower() and len(w.rstrip(".,;:!?")) >= 4) >= 2
+
+
+def _values_only(al: Alignment, ref: str, ref_starts: list[int], text: str, starts: list[int],
+                 free: int) -> bool:
+    """Whether every differing run of alignment ``al`` (gaps and tail) longer than ``free``
+    pieces and at most :data:`.prefix_tree.SHORT_GAP` is a value on both sides, the reference's
+    and the text's (longer runs are judged by :func:`.prefix_tree.same_template`: blocks)."""
+    def cut(src: str, offs: list[int], s: int, e: int) -> str:
+        return src[offs[s] if s < len(offs) else len(src):offs[e] if e < len(offs) else len(src)]
+
+    runs = [*al.gaps, *([al.tail] if al.tail is not None else [])]
+    for a0, a1, b0, b1 in runs:
+        size = max(a1 - a0, b1 - b0)
+        if size <= free or size > SHORT_GAP:
+            continue
+        if _prose(cut(ref, ref_starts, a0, a1)) or _prose(cut(text, starts, b0, b1)):
+            return False
+    return True

@@ -330,9 +330,11 @@ def test_single_request_templates_beyond_the_bound_are_dropped() -> None:
             # (prose words: prompts that differ only in their numbers are one skeleton)
             rng = random.Random(i)
             words = "alpha bravo delta river stone cloud maple ember quartz lunar velvet orbit".split()
-            lines = "\n".join(f"Unique prompt line {k}: " + " ".join(rng.sample(words, 6))
+            # (and no shared scaffolding: prompts that re-converge between their words are one
+            # template with volatile words)
+            lines = "\n".join(" ".join(rng.sample(words, 6)).capitalize() + "."
                               for k in range(i % 6))
-            records.append(chat(f"You are bot {' '.join(rng.sample(words, 4))}.\n{lines}", "x", i))
+            records.append(chat(f"{' '.join(rng.sample(words, 4)).capitalize()}.\n{lines}", "x", i))
     records += [records[1], records[2]]  # two early unique prompts come back
     bounded, unbounded = Auditor(max_templates=5), Auditor(max_templates=None)
     bounded.add_all(records)

@@ -1,0 +1,306 @@
+"""Template discovery the way vLLM shares blocks: a radix tree over prompts and re-convergence.
+
+vLLM does not group prompts: it reuses a block when every token before it is the same. So the
+auditor finds templates from the same structure. Prompts are split into *pieces*
+(:func:`pieces`: a run of word characters or of punctuation with the whitespace before it -
+the pre-tokenisation every BPE tokenizer applies, so a piece boundary is a token boundary for
+the default tokenizer and nearly so for any other) and handled as sequences of piece hashes.
+
+**The tree** (:class:`PrefixTree`) is a radix tree over those sequences with a request count
+per node. The deepest node a new prompt reaches is where it diverges from every prompt seen
+so far; the template recorded on that node (and on the deepest node of the tree of reversed
+prompts, for a prompt whose volatile value comes first) is the candidate it is aligned with.
+Memory: at most ``max_paths`` distinct paths (leaves); past the bound a prompt only walks and
+counts the nodes that exist (counts stay exact for every prefix that is kept; the distinct
+suffixes past the bound are not stored: a sample of the first ``max_paths``).
+
+**Re-convergence** (:func:`align`): from a divergence point the two continuations are scanned
+for the nearest place where they agree again on :data:`ANCHOR` pieces (within
+:data:`MAX_GAP` pieces on each side); the differing run before it is a *gap* - a volatile
+value, whatever its shape - and the scan resumes after the anchor. A continuation that never
+re-converges is a *tail*: the request's own content, not a finding.
+
+**A template** is the set of requests that differ only in gaps (:func:`same_template`): short
+gaps (values: a name, an id, a timestamp) always; a long gap (a block of examples, memories,
+retrieved text) when the text it re-converges on is at least as long as the gap or both sides
+are blocks of the same line structure (:func:`same_structure`); a differing tail when it is
+short or the same kind of block. Two families that share a first paragraph diverge into long
+continuations that never re-converge (or re-converge only on a closing line much shorter than
+what differs), so they stay two templates.
+
+Cost: :func:`pieces` is one regex pass; tree walks compare piece-hash slices (C speed) edge by
+edge, O(depth); :func:`align` is O(gaps * (MAX_GAP + ANCHOR)) dictionary operations. It runs
+only for static parts not seen before and not equal to a known template once detector values
+are masked.
+"""
+
+from __future__ import annotations
+
+import re
+from array import array
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = [
+    "ANCHOR",
+    "MAX_GAP",
+    "MAX_PATHS",
+    "Alignment",
+    "PrefixTree",
+    "align",
+    "pieces",
+    "same_structure",
+    "same_template",
+]
+
+ANCHOR = 4  # pieces two continuations must agree on to re-converge
+MAX_GAP = 1024  # pieces of one side of a gap, at most
+SHORT_GAP = 24  # pieces: a value (a name with a title, an id, a timestamp) - always volatile
+SHORT_TAIL = 24  # pieces: a differing tail this short is a value at the end, not other content
+MIN_SHARED = 0.35  # matched pieces / pieces of the longer text, at least
+MAX_PATHS = 4096  # x 2k-piece prompts x 8 bytes: 64 MiB at worst
+
+_PIECE = re.compile(r"\s*(?:\w+|[^\w\s]+)|\s+")
+
+
+def pieces(text: str) -> tuple[array[int], list[int]]:
+    """(piece hashes as ``array('q')``, piece start offsets) of ``text``."""
+    found = [(m.start(), hash(m.group())) for m in _PIECE.finditer(text)]
+    return array("q", [h for _, h in found]), [s for s, _ in found]
+
+
+@dataclass(eq=False)
+class _Node:
+    edge: array[int]  # the pieces from the parent to this node (8 bytes each)
+    parent: _Node | None = None
+    children: dict[int, _Node] = field(default_factory=dict)
+    count: int = 0  # requests whose sequence passes through (or ends at) this node
+    tid: str = ""  # the first template whose sequence passes through this node
+
+
+class PrefixTree:
+    """A radix tree over piece sequences with a request count per node (see module docstring).
+
+    Sequences are ``array('q')`` of piece hashes. :meth:`insert` returns the node where the
+    sequence ends (its *handle*, stable across later splits) so that a caller which recognises
+    a repeated prompt by its exact key can count it with :meth:`bump` without walking again."""
+
+    def __init__(self, max_paths: int = MAX_PATHS) -> None:
+        self.root = _Node(array("q"))
+        self.paths = 0
+        self.max_paths = max_paths
+
+    def insert(self, seq: array[int], tid: str) -> _Node | None:
+        """Count one request of template ``tid`` along ``seq``; a new branch only while fewer
+        than ``max_paths`` paths exist. Returns the end node, or None when the path was not
+        kept (past the bound: counted along the part that exists)."""
+        node = self.root
+        node.count += 1
+        node.tid = node.tid or tid
+        i, n = 0, len(seq)
+        while i < n:
+            child = node.children.get(seq[i])
+            if child is None:
+                if self.paths >= self.max_paths:
+                    return None
+                self.paths += 1
+                leaf = _Node(seq[i:], parent=node, count=1, tid=tid)
+                node.children[seq[i]] = leaf
+                return leaf
+            k = _common(child.edge, seq, i)
+            if k < len(child.edge):
+                if self.paths >= self.max_paths and i + k < n:
+                    return None  # would need a new branch: not kept
+                mid = _Node(child.edge[:k], parent=node, count=child.count, tid=child.tid)
+                child.edge = child.edge[k:]
+                child.parent = mid
+                mid.children[child.edge[0]] = child
+                node.children[seq[i]] = mid
+                child = mid
+            child.count += 1
+            child.tid = child.tid or tid
+            node = child
+            i += k
+        return node
+
+    @staticmethod
+    def bump(node: _Node) -> None:
+        """Count one more request of the sequence ending at ``node`` (O(depth in nodes))."""
+        cur: _Node | None = node
+        while cur is not None:
+            cur.count += 1
+            cur = cur.parent
+
+    def deepest(self, seq: array[int]) -> tuple[int, str, int]:
+        """(pieces of ``seq`` matched, template of the deepest node reached, its count)."""
+        node = self.root
+        i, n = 0, len(seq)
+        while i < n:
+            child = node.children.get(seq[i])
+            if child is None:
+                break
+            k = _common(child.edge, seq, i)
+            i += k
+            node = child
+            if k < len(child.edge):
+                break
+        return i, node.tid, node.count
+
+    def count(self, seq: array[int]) -> int:
+        """Requests counted through the point where ``seq`` ends (0: not a path of the tree)."""
+        node = self.root
+        i, n = 0, len(seq)
+        while i < n:
+            child = node.children.get(seq[i])
+            if child is None:
+                return 0
+            k = _common(child.edge, seq, i)
+            if i + k < n and k < len(child.edge):
+                return 0
+            i += k
+            node = child
+        return node.count
+
+
+def _common(edge: array[int], seq: array[int], i: int) -> int:
+    """Length of the common prefix of ``edge`` and ``seq[i:]`` (slice compares, binary search)."""
+    n = min(len(edge), len(seq) - i)
+    if edge[:n] == seq[i:i + n]:
+        return n
+    lo, hi = 0, n  # edge[:lo] matches, edge[:hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if edge[lo:mid] == seq[i + lo:i + mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """How two piece sequences ``a`` and ``b`` line up.
+
+    ``gaps``: differing runs followed by re-convergence, ``(a_start, a_end, b_start, b_end)``;
+    ``tail``: the runs from the last divergence to the ends when they never re-converge
+    (``None`` when both sequences end aligned); ``matched``: pieces equal on both sides;
+    ``runs``: the length of the equal run after each gap (same order as ``gaps``)."""
+
+    gaps: tuple[tuple[int, int, int, int], ...]
+    tail: tuple[int, int, int, int] | None
+    matched: int
+    runs: tuple[int, ...]
+
+
+def align(a: Sequence[int], b: Sequence[int], max_gap: int = MAX_GAP,
+          anchor: int = ANCHOR) -> Alignment:
+    """Align ``b`` to ``a`` by re-convergence (module docstring). The anchor chosen after a
+    divergence is the one with the smallest sum of the two gap lengths (ties: the shorter gap
+    in ``a``); the last ``anchor`` - 1 pieces of both may re-converge on fewer pieces when
+    they are all that is left (equal ends)."""
+    i = j = 0
+    na, nb = len(a), len(b)
+    gaps: list[tuple[int, int, int, int]] = []
+    runs: list[int] = []
+    matched = 0
+    while True:
+        start = i
+        while i < na and j < nb and a[i] == b[j]:
+            i += 1
+            j += 1
+        matched += i - start
+        if gaps and len(runs) < len(gaps):
+            runs.append(i - start)
+        if i == na and j == nb:
+            return Alignment(tuple(gaps), None, matched, tuple(runs))
+        found = _reconverge(a, b, i, j, max_gap, anchor)
+        if found is None:
+            return Alignment(tuple(gaps), (i, na, j, nb), matched, tuple(runs))
+        ia, jb = found
+        gaps.append((i, ia, j, jb))
+        i, j = ia, jb
+
+
+def _reconverge(a: Sequence[int], b: Sequence[int], i: int, j: int, max_gap: int,
+                anchor: int) -> tuple[int, int] | None:
+    na, nb = len(a), len(b)
+    ends = 0  # equal last pieces, fewer than an anchor: they re-converge at the ends
+    while ends < anchor and ends < na - i and ends < nb - j and a[na - 1 - ends] == b[nb - 1 - ends]:
+        ends += 1
+    first: dict[tuple[int, ...], int] = {}
+    for q in range(j, min(nb - anchor, j + max_gap) + 1):
+        first.setdefault(tuple(b[q:q + anchor]), q)
+    best: tuple[int, int] | None = None
+    for p in range(i, min(na - anchor, i + max_gap) + 1):
+        if best is not None and p - i >= best[0] + best[1] - i - j:
+            break
+        hit = first.get(tuple(a[p:p + anchor]))
+        if hit is not None and (p, hit) != (i, j) and (
+                best is None or (p - i) + (hit - j) < (best[0] - i) + (best[1] - j)):
+            best = (p, hit)
+    if best is None and 0 < ends < anchor and (na - ends > i or nb - ends > j):
+        return na - ends, nb - ends
+    return best
+
+
+_SHAPE = re.compile(r"[^\w\s]+|\d+[.):]?|\w+[^\w\s]?")
+
+
+def _lines_shape(text: str) -> Counter[str]:
+    """The line structure of a block: each non-empty line's leading punctuation ("-", "*", "{"),
+    its number ("#." for "12.") or else its first word with the punctuation after it ("Q:",
+    "Example"), counted."""
+    shape: Counter[str] = Counter()
+    for line in text.split("\n"):
+        m = _SHAPE.match(line.strip())
+        if m:
+            shape[re.sub(r"\d+", "#", m.group())] += 1
+    return shape
+
+
+def same_structure(x: str, y: str) -> bool:
+    """Whether two differing blocks are the same kind of block: both two or more lines (or both
+    one line) whose line shapes (:func:`_lines_shape`) overlap on at least half of the larger
+    block's lines - examples drawn from one pool, one user's memories and another's, retrieved
+    passages; not two different prompts' instructions."""
+    sx, sy = _lines_shape(x), _lines_shape(y)
+    nx, ny = sum(sx.values()), sum(sy.values())
+    if not nx or not ny:
+        return False
+    shared = sum((sx & sy).values())
+    return shared * 2 >= max(nx, ny) and (min(nx, ny) >= 2 or max(nx, ny) == 1)
+
+
+def same_template(al: Alignment, a_len: int, b_len: int, a_text: str, b_text: str,
+                  a_starts: Sequence[int], b_starts: Sequence[int]) -> bool:
+    """Whether aligned static parts ``a`` and ``b`` are one template (module docstring):
+    matched pieces at least :data:`MIN_SHARED` of the longer; every gap short, or followed by
+    an equal run at least as long, or a same-structure block; a differing tail short or a
+    same-structure block."""
+    longer = max(a_len, b_len)
+    if longer == 0:
+        return True
+    if al.matched < MIN_SHARED * longer:
+        return False
+
+    def text(starts: Sequence[int], src: str, s: int, e: int) -> str:
+        """The run's text widened to the whole lines it touches."""
+        lo = starts[s] if s < len(starts) else len(src)
+        hi = starts[e] if e < len(starts) else len(src)
+        stop = src.find("\n", hi)
+        return src[src.rfind("\n", 0, lo) + 1:len(src) if stop < 0 else stop]
+
+    for (a0, a1, b0, b1), run in zip(al.gaps, al.runs, strict=False):
+        size = max(a1 - a0, b1 - b0)
+        if size <= SHORT_GAP or run >= size:
+            continue
+        if not same_structure(text(a_starts, a_text, a0, a1), text(b_starts, b_text, b0, b1)):
+            return False
+    if al.tail is not None:
+        a0, a1, b0, b1 = al.tail
+        size = max(a1 - a0, b1 - b0)
+        if size > SHORT_TAIL and not same_structure(text(a_starts, a_text, a0, a1),
+                                                    text(b_starts, b_text, b0, b1)):
+            return False
+    return True
