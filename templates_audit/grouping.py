@@ -45,6 +45,7 @@ from templates_audit.prefix_tree import (
     PrefixTree,
     align,
     pieces,
+    prose,
     same_template,
 )
 
@@ -401,19 +402,6 @@ class TemplateIndex:
                 return tid
         return None
 
-_WORD = re.compile(r"[A-Za-z]+[.,;:!?]?")
-
-
-def _prose(run: str) -> bool:
-    """Whether a differing run reads as prose (another prompt's wording) rather than a value:
-    no digit, only plain words, two or more of them lowercase words of four letters or more
-    ("Only discuss appointments and prescriptions." - not "Maria de la Cruz", "#AB12 v2.3")."""
-    words = run.split()
-    if not words or any(c.isdigit() for c in run) or not all(_WORD.fullmatch(w) for w in words):
-        return False
-    return sum(1 for w in words if w[0].islower() and len(w.rstrip(".,;:!?")) >= 4) >= 2
-
-
 def _values_only(al: Alignment, ref: str, ref_starts: list[int], text: str, starts: list[int],
                  free: int) -> bool:
     """Whether every differing run of alignment ``al`` (gaps and tail) longer than ``free``
@@ -427,6 +415,6 @@ def _values_only(al: Alignment, ref: str, ref_starts: list[int], text: str, star
         size = max(a1 - a0, b1 - b0)
         if size <= free or size > SHORT_GAP:
             continue
-        if _prose(cut(ref, ref_starts, a0, a1)) or _prose(cut(text, starts, b0, b1)):
+        if prose(cut(ref, ref_starts, a0, a1)) or prose(cut(text, starts, b0, b1)):
             return False
     return True

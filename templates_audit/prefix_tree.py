@@ -22,8 +22,9 @@ re-converges is a *tail*: the request's own content, not a finding.
 
 **A template** is the set of requests that differ only in gaps (:func:`same_template`): short
 gaps (values: a name, an id, a timestamp) always; a long gap (a block of examples, memories,
-retrieved text) when the text it re-converges on is at least as long as the gap or both sides
-are blocks of the same line structure (:func:`same_structure`); a differing tail when it is
+retrieved text) when the text it re-converges on is at least as long as the gap and neither side
+reads as prose (:func:`prose`: another prompt's sentence), or both sides are blocks of the same
+line structure (:func:`same_structure`); a differing tail when it is
 short or the same kind of block. Two families that share a first paragraph diverge into long
 continuations that never re-converge (or re-converge only on a closing line much shorter than
 what differs), so they stay two templates.
@@ -50,6 +51,7 @@ __all__ = [
     "PrefixTree",
     "align",
     "pieces",
+    "prose",
     "same_structure",
     "same_template",
 ]
@@ -244,6 +246,19 @@ def _reconverge(a: Sequence[int], b: Sequence[int], i: int, j: int, max_gap: int
     return best
 
 
+_WORD = re.compile(r"[A-Za-z]+[.,;:!?'\"]*")
+
+
+def prose(run: str) -> bool:
+    """Whether a differing run reads as prose (another prompt's wording) rather than a value:
+    no digit, only plain words, two or more of them lowercase words of four letters or more
+    ("Only discuss appointments and prescriptions." - not "Maria de la Cruz", "#AB12 v2.3")."""
+    words = run.split()
+    if not words or any(c.isdigit() for c in run) or not all(_WORD.fullmatch(w) for w in words):
+        return False
+    return sum(1 for w in words if w[0].islower() and len(w.rstrip(".,;:!?'\"")) >= 4) >= 2
+
+
 _SHAPE = re.compile(r"[^\w\s]+|\d+[.):]?|\w+[^\w\s]?")
 
 
@@ -260,8 +275,8 @@ def _lines_shape(text: str) -> Counter[str]:
 
 
 def same_structure(x: str, y: str) -> bool:
-    """Whether two differing blocks are the same kind of block: both two or more lines (or both
-    one line) whose line shapes (:func:`_lines_shape`) overlap on at least half of the larger
+    """Whether two differing blocks are the same kind of block: both two or more lines whose
+    line shapes (:func:`_lines_shape`) overlap on at least half of the larger
     block's lines - examples drawn from one pool, one user's memories and another's, retrieved
     passages; not two different prompts' instructions."""
     sx, sy = _lines_shape(x), _lines_shape(y)
@@ -269,14 +284,14 @@ def same_structure(x: str, y: str) -> bool:
     if not nx or not ny:
         return False
     shared = sum((sx & sy).values())
-    return shared * 2 >= max(nx, ny) and (min(nx, ny) >= 2 or max(nx, ny) == 1)
+    return shared * 2 >= max(nx, ny) and min(nx, ny) >= 2
 
 
 def same_template(al: Alignment, a_len: int, b_len: int, a_text: str, b_text: str,
                   a_starts: Sequence[int], b_starts: Sequence[int]) -> bool:
     """Whether aligned static parts ``a`` and ``b`` are one template (module docstring):
     matched pieces at least :data:`MIN_SHARED` of the longer; every gap short, or followed by
-    an equal run at least as long, or a same-structure block; a differing tail short or a
+    an equal run at least as long and no prose, or a same-structure block; a differing tail short or a
     same-structure block."""
     longer = max(a_len, b_len)
     if longer == 0:
@@ -291,12 +306,20 @@ def same_template(al: Alignment, a_len: int, b_len: int, a_text: str, b_text: st
         stop = src.find("\n", hi)
         return src[src.rfind("\n", 0, lo) + 1:len(src) if stop < 0 else stop]
 
+    def cut(starts: Sequence[int], src: str, s: int, e: int) -> str:
+        return src[starts[s] if s < len(starts) else len(src):
+                   starts[e] if e < len(starts) else len(src)]
+
     for (a0, a1, b0, b1), run in zip(al.gaps, al.runs, strict=False):
         size = max(a1 - a0, b1 - b0)
-        if size <= SHORT_GAP or run >= size:
+        if size <= SHORT_GAP:
             continue
-        if not same_structure(text(a_starts, a_text, a0, a1), text(b_starts, b_text, b0, b1)):
-            return False
+        if same_structure(text(a_starts, a_text, a0, a1), text(b_starts, b_text, b0, b1)):
+            continue
+        if run >= size and not (prose(cut(a_starts, a_text, a0, a1))
+                                or prose(cut(b_starts, b_text, b0, b1))):
+            continue
+        return False
     if al.tail is not None:
         a0, a1, b0, b1 = al.tail
         size = max(a1 - a0, b1 - b0)
