@@ -60,6 +60,7 @@ ANCHOR = 4  # pieces two continuations must agree on to re-converge
 MAX_GAP = 1024  # pieces of one side of a gap, at most
 SHORT_GAP = 24  # pieces: a value (a name with a title, an id, a timestamp) - always volatile
 SHORT_TAIL = 24  # pieces: a differing tail this short is a value at the end, not other content
+MAX_REFLOWED = 1  # gaps that only move line breaks: more, and it is another layout of the prompt
 MIN_SHARED = 0.35  # matched pieces / pieces of the longer text, at least
 MAX_PATHS = 4096  # x 2k-piece prompts x 8 bytes: 64 MiB at worst
 
@@ -259,6 +260,7 @@ def prose(run: str) -> bool:
     return sum(1 for w in words if w[0].islower() and len(w.rstrip(".,;:!?'\"")) >= 4) >= 2
 
 
+_BREAKS = re.compile(r"\s*\n\s*")
 _SHAPE = re.compile(r"[^\w\s]+|\d+[.):]?|\w+[^\w\s]?")
 
 
@@ -291,7 +293,9 @@ def same_template(al: Alignment, a_len: int, b_len: int, a_text: str, b_text: st
                   a_starts: Sequence[int], b_starts: Sequence[int]) -> bool:
     """Whether aligned static parts ``a`` and ``b`` are one template (module docstring):
     matched pieces at least :data:`MIN_SHARED` of the longer; every gap short, or followed by
-    an equal run at least as long and no prose, or a same-structure block; a differing tail short or a
+    an equal run at least as long and no prose, or a same-structure block; at most
+    :data:`MAX_REFLOWED` line breaks moved by gaps that change nothing else (a reflowed copy is another layout,
+    and the findings' diff is by lines); a differing tail short or a
     same-structure block."""
     longer = max(a_len, b_len)
     if longer == 0:
@@ -310,14 +314,20 @@ def same_template(al: Alignment, a_len: int, b_len: int, a_text: str, b_text: st
         return src[starts[s] if s < len(starts) else len(src):
                    starts[e] if e < len(starts) else len(src)]
 
+    reflowed = 0
     for (a0, a1, b0, b1), run in zip(al.gaps, al.runs, strict=False):
         size = max(a1 - a0, b1 - b0)
+        x, y = cut(a_starts, a_text, a0, a1), cut(b_starts, b_text, b0, b1)
+        if x.count("\n") != y.count("\n") and "".join(x.split()) == "".join(y.split()):
+            # the same words broken into other lines: count the breaks that moved
+            reflowed += max(1, abs(len(_BREAKS.findall(x)) - len(_BREAKS.findall(y))))
+            if reflowed > MAX_REFLOWED:
+                return False
         if size <= SHORT_GAP:
             continue
         if same_structure(text(a_starts, a_text, a0, a1), text(b_starts, b_text, b0, b1)):
             continue
-        if run >= size and not (prose(cut(a_starts, a_text, a0, a1))
-                                or prose(cut(b_starts, b_text, b0, b1))):
+        if run >= size and not (prose(x) or prose(y)):
             continue
         return False
     if al.tail is not None:

@@ -386,6 +386,8 @@ SECRET = Detector(
     Kind.SECRET,
     _c(
         r"(?:sk|rk|pk)-(?:(?:proj|ant|live|test|svcacct|admin)-)?(?P<body>[A-Za-z0-9_-]{20,})(?![\w-])",
+        # Stripe-style `sk_live_…` / `rk_test_…` (secret and restricted keys; `pk_` is public)
+        r"(?:sk|rk)_(?:live|test)_(?P<body>[A-Za-z0-9]{16,})(?![\w-])",
         r"(?:AKIA|ASIA)(?P<body>[0-9A-Z]{16})(?![\w])",
         r"gh[pousr]_(?P<body>[A-Za-z0-9]{30,})(?![\w])",
         r"github_pat_(?P<body>[A-Za-z0-9_]{30,})(?![\w])",
@@ -400,6 +402,8 @@ SECRET = Detector(
     gate=(
         "sk-",
         "rk-",
+        "sk_",
+        "rk_",
         "pk-",
         "AKIA",
         "ASIA",

@@ -253,6 +253,10 @@ SECRETS = [
     ("xoxb-123456789012-abcdefABCDEF", True),  # Slack bot token
     ("Bearer 9f8e7d6c5b4a39281706f5e4d3c2b1a0", True),  # bearer token
     ("  sk-proj-abc123DEF456ghi789JKL012mno\n", True),  # surrounding whitespace ignored
+    ("sk_live_0826b94b6f7b66aa11603dad2a7ddcd1", True),  # Stripe secret key
+    ("rk_test_51HxQ2bC3dE4fG5hI6jK7lM8n", True),  # Stripe restricted key
+    ("pk_live_0826b94b6f7b66aa11603dad2a7ddcd1", False),  # Stripe publishable key: public
+    ("sk_live_xxxxxxxxxxxxxxxxxxxxxxxx", False),  # placeholder run
     ("sk-xxxxxxxxxxxxxxxxxxxxxxxx", False),  # placeholder run
     ("Bearer YOUR_TOKEN_1234567890", False),  # placeholder words
     ("sk-short1", False),  # too short

@@ -101,6 +101,16 @@ def test_same_template_judges_the_alignment(a: str, b: str, same: bool) -> None:
     assert same_template(align(ha, hb), len(ha), len(hb), a, b, sa, sb) is same
 
 
+def test_a_reflowed_copy_is_another_layout_not_one_template() -> None:
+    one = "The assistant is Claude. It answers briefly. It cites sources. It never guesses. " + BODY
+    other = one.replace(". It", ".\n\nIt")
+    (ha, sa), (hb, sb) = pieces(one), pieces(other)
+    assert not same_template(align(ha, hb), len(ha), len(hb), one, other, sa, sb)
+    once = one.replace(". It answers", ".\nIt answers", 1)  # one line break moved: still one
+    (hc, sc) = pieces(once)
+    assert same_template(align(ha, hc), len(ha), len(hc), one, once, sa, sc)
+
+
 def test_same_structure_compares_line_shapes() -> None:
     assert same_structure("Q: a?\nA: b.", "Q: c?\nA: d.\nQ: e?\nA: f.")
     assert same_structure("- likes tea\n- lives in Oslo", "- has a dog\n- works nights")
