@@ -40,6 +40,7 @@ from templates_audit.detectors import Kind, classify
 from templates_audit.detectors.shapes import name_shaped
 from templates_audit.findings import changed_range, common_prefix, common_suffix, mask_line
 from templates_audit.prefix_tree import (
+    MAX_GAPS,
     SHORT_GAP,
     Alignment,
     PrefixTree,
@@ -55,6 +56,7 @@ GUESS_CHARS = 64
 GUESS_TEMPLATES = 4
 MAX_CANDIDATES = 6  # templates aligned with a new static text, at most
 MAX_KEYS = 1 << 16
+REF_PIECES = 256  # templates whose reference pieces are kept for alignment (LRU)
 LINE_SIMILARITY = 0.6
 HEAD_LINES = 2
 TAIL_CHARS = 64
@@ -186,6 +188,8 @@ class TemplateIndex:
         self.tree = PrefixTree()
         self.rtree = PrefixTree()
         self._ends: OrderedDict[int, object] = OrderedDict()
+        self._tpl_end: dict[str, object] = {}  # where each template's reference path ends
+        self._ref_pieces: OrderedDict[str, tuple[array[int], list[int]]] = OrderedDict()
 
     @staticmethod
     def _remember(lru: OrderedDict[int, str], key: int, tid: str) -> None:
@@ -218,7 +222,10 @@ class TemplateIndex:
                 self._remember(self._masked, mkey, tid)
         if tid is not None:
             self._remember(self._exact, exact_key, tid)
-            self._grow(model, text, exact_key, tid, seq)
+            if seq is None:  # equal to the template's reference but for detector values
+                self._count_as(exact_key, tid)
+            else:
+                self._grow(model, text, exact_key, tid, seq)
         return tid, f"{mkey:016x}"
 
     def find_near(self, model: str, text: str, exact_key: int) -> tuple[str, tuple[int, int]] | None:
@@ -238,7 +245,7 @@ class TemplateIndex:
                         and list(map(mask_line, ours)) == list(map(mask_line, theirs))
                         and self._masked.get(mkey) == tid):
                     self._remember(self._exact, exact_key, tid)
-                    self._grow(model, text, exact_key, tid, None)
+                    self._count_as(exact_key, tid)
                     return tid, (lo, hi)
         return None
 
@@ -252,6 +259,9 @@ class TemplateIndex:
         for guess in {text[:GUESS_CHARS], text[-GUESS_CHARS:]}:
             self._guess.setdefault((model, guess), deque(maxlen=GUESS_TEMPLATES)).appendleft(tid)
         self._grow(model, text, exact_key, tid, None)
+        end = self._ends.get(exact_key)
+        if end is not None:
+            self._tpl_end[tid] = end
         distinct = _weighted_lines(model, lines)
         self._nlines[tid] = len(distinct)
         self._nchars[tid] = sum(distinct.values())
@@ -272,6 +282,8 @@ class TemplateIndex:
         if self._exact.get(exact_key) == tid:
             del self._exact[exact_key]
         self._ends.pop(exact_key, None)
+        self._tpl_end.pop(tid, None)
+        self._ref_pieces.pop(tid, None)
         _, mkey = self._refs.pop(tid)
         if self._masked.get(mkey) == tid:
             del self._masked[mkey]
@@ -296,9 +308,21 @@ class TemplateIndex:
             if short is not None and (tid, text) in short:
                 short.remove((tid, text))
 
+    def _count_as(self, exact_key: int, tid: str) -> None:
+        """Count a static part that equals template ``tid``'s reference once detector values
+        are masked on the reference's path (no walk, no insertion: the hot path of a trace
+        whose prompts differ in dates and ids only)."""
+        end = self._tpl_end.get(tid)
+        if end is not None:
+            PrefixTree.bump(end)  # type: ignore[arg-type]
+            self._ends[exact_key] = end
+            if len(self._ends) > MAX_KEYS:
+                self._ends.popitem(last=False)
+
     def _grow(self, model: str, text: str, exact_key: int, tid: str,
               seq: tuple[array[int], list[int]] | None) -> None:
-        """Insert a static part seen for the first time into both trees."""
+        """Insert a static part seen for the first time (a template's reference, or a part
+        found by re-convergence) into both trees."""
         hashes = (seq or _seq(model, text))[0]
         end = self.tree.insert(hashes, tid)
         rev = array("q", hashes[:1])
@@ -327,8 +351,15 @@ class TemplateIndex:
                     candidates.append(tid)
         for tid in candidates[:MAX_CANDIDATES]:
             ref = self._refs[tid][0]
-            rh, rs = _seq(model, ref)
-            al = align(rh, hashes)
+            cached = self._ref_pieces.get(tid)
+            if cached is None:
+                cached = self._ref_pieces[tid] = _seq(model, ref)
+                if len(self._ref_pieces) > REF_PIECES:
+                    self._ref_pieces.popitem(last=False)
+            else:
+                self._ref_pieces.move_to_end(tid)
+            rh, rs = cached
+            al = align(rh, hashes, max_gaps=MAX_GAPS)
             if not same_template(al, len(rh), len(hashes), ref, text, [0, *rs], [0, *starts]):
                 continue
             short = max(len(rh), len(hashes)) < SHORT_TEXT

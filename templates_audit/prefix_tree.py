@@ -42,6 +42,7 @@ from array import array
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 __all__ = [
     "ANCHOR",
@@ -60,6 +61,7 @@ ANCHOR = 4  # pieces two continuations must agree on to re-converge
 MAX_GAP = 1024  # pieces of one side of a gap, at most
 SHORT_GAP = 24  # pieces: a value (a name with a title, an id, a timestamp) - always volatile
 SHORT_TAIL = 24  # pieces: a differing tail this short is a value at the end, not other content
+MAX_GAPS = 16  # differing spans between two requests of one template, at most: more is another prompt
 MAX_REFLOWED = 1  # gaps that only move line breaks: more, and it is another layout of the prompt
 MIN_SHARED = 0.35  # matched pieces / pieces of the longer text, at least
 MAX_PATHS = 4096  # x 2k-piece prompts x 8 bytes: 64 MiB at worst
@@ -68,9 +70,10 @@ _PIECE = re.compile(r"\s*(?:\w+|[^\w\s]+)|\s+")
 
 
 def pieces(text: str) -> tuple[array[int], list[int]]:
-    """(piece hashes as ``array('q')``, piece start offsets) of ``text``."""
-    found = [(m.start(), hash(m.group())) for m in _PIECE.finditer(text)]
-    return array("q", [h for _, h in found]), [s for s, _ in found]
+    """(piece hashes as ``array('q')``, piece start offsets) of ``text``. The pieces tile the
+    text (every character is in one), so the offsets are the running sum of their lengths."""
+    found = _PIECE.findall(text)
+    return array("q", map(hash, found)), [0, *accumulate(map(len, found))][:-1] if found else []
 
 
 @dataclass(eq=False)
@@ -197,11 +200,12 @@ class Alignment:
 
 
 def align(a: Sequence[int], b: Sequence[int], max_gap: int = MAX_GAP,
-          anchor: int = ANCHOR) -> Alignment:
+          anchor: int = ANCHOR, max_gaps: int | None = None) -> Alignment:
     """Align ``b`` to ``a`` by re-convergence (module docstring). The anchor chosen after a
-    divergence is the one with the smallest sum of the two gap lengths (ties: the shorter gap
-    in ``a``); the last ``anchor`` - 1 pieces of both may re-converge on fewer pieces when
-    they are all that is left (equal ends)."""
+    divergence is the nearest one (smallest ``max`` of the two gap lengths); the last
+    ``anchor`` - 1 pieces of both may re-converge on fewer pieces when they are all that is
+    left (equal ends). With ``max_gaps``, stops after ``max_gaps + 1`` gaps, the rest a tail
+    (the caller rejects such an alignment anyway)."""
     i = j = 0
     na, nb = len(a), len(b)
     gaps: list[tuple[int, int, int, int]] = []
@@ -217,7 +221,8 @@ def align(a: Sequence[int], b: Sequence[int], max_gap: int = MAX_GAP,
             runs.append(i - start)
         if i == na and j == nb:
             return Alignment(tuple(gaps), None, matched, tuple(runs))
-        found = _reconverge(a, b, i, j, max_gap, anchor)
+        found = None if max_gaps is not None and len(gaps) > max_gaps else _reconverge(
+            a, b, i, j, max_gap, anchor)
         if found is None:
             return Alignment(tuple(gaps), (i, na, j, nb), matched, tuple(runs))
         ia, jb = found
@@ -227,24 +232,37 @@ def align(a: Sequence[int], b: Sequence[int], max_gap: int = MAX_GAP,
 
 def _reconverge(a: Sequence[int], b: Sequence[int], i: int, j: int, max_gap: int,
                 anchor: int) -> tuple[int, int] | None:
+    """The nearest re-convergence after a divergence at ``(i, j)``: the anchor positions
+    ``(p, q)`` with the smallest ``max(p - i, q - j)`` (then the first found), scanning both
+    sides outwards one piece per step - O(gap) for a gap, not O(max_gap)."""
     na, nb = len(a), len(b)
+    seen_a: dict[tuple[int, ...], int] = {}
+    seen_b: dict[tuple[int, ...], int] = {}
+    last_a, last_b = na - anchor, nb - anchor
+    for d in range(max_gap + 1):
+        p, q = i + d, j + d
+        if p > last_a and q > last_b:
+            break
+        if q <= last_b:
+            key_b = tuple(b[q:q + anchor])
+            hit = seen_a.get(key_b)
+            if hit is not None:
+                return hit, q
+            seen_b.setdefault(key_b, q)
+        if p <= last_a:
+            key_a = tuple(a[p:p + anchor])
+            hit = seen_b.get(key_a)
+            if hit is not None:
+                return p, hit
+            if q <= last_b and key_a == tuple(b[q:q + anchor]):
+                return p, q
+            seen_a.setdefault(key_a, p)
     ends = 0  # equal last pieces, fewer than an anchor: they re-converge at the ends
     while ends < anchor and ends < na - i and ends < nb - j and a[na - 1 - ends] == b[nb - 1 - ends]:
         ends += 1
-    first: dict[tuple[int, ...], int] = {}
-    for q in range(j, min(nb - anchor, j + max_gap) + 1):
-        first.setdefault(tuple(b[q:q + anchor]), q)
-    best: tuple[int, int] | None = None
-    for p in range(i, min(na - anchor, i + max_gap) + 1):
-        if best is not None and p - i >= best[0] + best[1] - i - j:
-            break
-        hit = first.get(tuple(a[p:p + anchor]))
-        if hit is not None and (p, hit) != (i, j) and (
-                best is None or (p - i) + (hit - j) < (best[0] - i) + (best[1] - j)):
-            best = (p, hit)
-    if best is None and 0 < ends < anchor and (na - ends > i or nb - ends > j):
+    if 0 < ends < anchor and (na - ends > i or nb - ends > j):
         return na - ends, nb - ends
-    return best
+    return None
 
 
 _WORD = re.compile(r"[A-Za-z]+[.,;:!?'\"]*")
@@ -292,7 +310,7 @@ def same_structure(x: str, y: str) -> bool:
 def same_template(al: Alignment, a_len: int, b_len: int, a_text: str, b_text: str,
                   a_starts: Sequence[int], b_starts: Sequence[int]) -> bool:
     """Whether aligned static parts ``a`` and ``b`` are one template (module docstring):
-    matched pieces at least :data:`MIN_SHARED` of the longer; every gap short, or followed by
+    matched pieces at least :data:`MIN_SHARED` of the longer; at most :data:`MAX_GAPS` gaps; every gap short, or followed by
     an equal run at least as long and no prose, or a same-structure block; at most
     :data:`MAX_REFLOWED` line breaks moved by gaps that change nothing else (a reflowed copy is another layout,
     and the findings' diff is by lines); a differing tail short or a
@@ -300,7 +318,7 @@ def same_template(al: Alignment, a_len: int, b_len: int, a_text: str, b_text: st
     longer = max(a_len, b_len)
     if longer == 0:
         return True
-    if al.matched < MIN_SHARED * longer:
+    if al.matched < MIN_SHARED * longer or len(al.gaps) > MAX_GAPS:
         return False
 
     def text(starts: Sequence[int], src: str, s: int, e: int) -> str:
