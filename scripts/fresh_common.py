@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+S = TypeVar("S")
 
 KINDS = frozenset({"timestamp", "date", "time", "uuid", "hex_id", "numeric_id", "name", "email",
                    "secret", "reordered_block", "sampled_block", "other"})
@@ -350,6 +351,28 @@ def conversation_times(rng: random.Random, n_requests: int, turns: tuple[int, in
         left -= k
         conv += 1
     return out
+
+
+def drive(trace: Trace, fam: Family, rng: random.Random, n: int, turns: tuple[int, int],
+          open_conv: Callable[[int], S], request: Callable[[S, int], dict[str, Any]]) -> None:
+    """``n`` requests of ``fam`` in conversations of ``turns`` (min, max) requests.
+
+    ``open_conv(i)`` builds conversation i's state (its system prompt, tools...); a field noted
+    while it runs is carried by every turn of that conversation, so its ``requests`` count grows
+    by one per later turn. ``request(state, turn)`` returns the body of one turn (a later turn
+    resends the history of the earlier ones)."""
+    states: dict[int, tuple[S, list[Field]]] = {}
+    for conv, turn, when in conversation_times(rng, n, turns):
+        if conv not in states:
+            before = [f.requests for f in fam.fields]
+            state = open_conv(conv)
+            touched = [f for f, b in zip(fam.fields, before, strict=True) if f.requests > b]
+            states[conv] = (state, touched)
+            fam.conversations += 1
+        else:
+            for f in states[conv][1]:
+                f.requests += 1
+        trace.add(fam, request(states[conv][0], turn), when)
 
 
 def chat(model: str, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:

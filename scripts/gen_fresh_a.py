@@ -52,6 +52,7 @@ from fresh_common import (
     chat,
     conversation_times,
     digits,
+    drive,
     hex_string,
     parse_args,
     prose,
@@ -185,19 +186,15 @@ def build(trace: Trace, seed: int, fam: Family, n: int, turns: tuple[int, int],
     """Requests of one family: ``system(rng, conv)`` gives the system text of a conversation
     (built once per conversation); ``extra(rng, conv)`` optional body keys."""
     rng = rng_for(seed, GEN, fam.name, "requests")
-    touched: dict[int, list[Any]] = {}
-    convs: dict[int, tuple[str | None, dict[str, Any], list[dict[str, str]]]] = {}
-    for conv, turn, when in conversation_times(rng, n, turns):
-        if conv not in convs:
-            before = [f.requests for f in fam.fields]
-            convs[conv] = (system(rng, conv), extra(rng, conv) if extra else {}, [])
-            fam.conversations += 1
-            touched[conv] = [f for f, b in zip(fam.fields, before, strict=True) if f.requests > b]
-        else:  # a later turn resends the same system prompt: its fields are in this request too
-            for f in touched[conv]:
-                f.requests += 1
-        sys_text, keys, history = convs[conv]
-        trace.add(fam, chat(MODEL, conversation(sys_text, rng, turn, history), **keys), when)
+
+    def open_conv(conv: int) -> tuple[str | None, dict[str, Any], list[dict[str, str]]]:
+        return system(rng, conv), extra(rng, conv) if extra else {}, []
+
+    def request(state: tuple[str | None, dict[str, Any], list[dict[str, str]]], turn: int
+                ) -> dict[str, Any]:
+        sys_text, keys, history = state
+        return chat(MODEL, conversation(sys_text, rng, turn, history), **keys)
+    drive(trace, fam, rng, n, turns, open_conv, request)
 
 
 def hotel_guest(trace: Trace, seed: int, n: int, vp: ValuePools) -> None:
