@@ -304,9 +304,11 @@ class Trace:
     def ordered(self) -> list[Request]:
         return sorted(self.requests, key=lambda r: r.when)
 
-    def stamp(self, start: datetime, days: int) -> list[tuple[Request, datetime]]:
+    def stamp(self, start: datetime, days: int, *, key: str = "timestamp",
+              epoch_ms: bool = False) -> list[tuple[Request, datetime]]:
         """Order the requests and give each a time: ``days`` consecutive days, 09:00-15:00 UTC
-        (so a date formatted in any time zone within 8 hours of UTC is the same day)."""
+        (so a date formatted in any time zone within 8 hours of UTC is the same day), written
+        as ``body[key]``: ISO 8601 (``...Z``) or epoch milliseconds."""
         reqs = self.ordered()
         n = len(reqs)
         day_of = [i * days // max(n, 1) for i in range(n)]
@@ -317,7 +319,7 @@ class Trace:
             d = day_of[i]
             secs = (i - first[d]) * 6 * 3600 // size[d]
             t = start + timedelta(days=d, hours=9, seconds=secs)
-            r.body["timestamp"] = t.strftime("%Y-%m-%dT%H:%M:%SZ")
+            r.body[key] = int(t.timestamp() * 1000) if epoch_ms else t.strftime("%Y-%m-%dT%H:%M:%SZ")
             out.append((r, t))
         return out
 
