@@ -19,15 +19,17 @@ Matching (``evaluate``, pure: truth dict + report dict -> scores):
 2. **Finding -> fields.** A finding of a template mapped to a family with volatile fields
    matches a field of that family when any of these holds:
    - *value*: an example (split at ``…``, whitespace collapsed, case-folded) equals one of the
-     field's injected values, or one contains the other and the contained one has >= 4
-     characters (a block field's values are its items, so an example holding two items matches);
+     field's injected values, contains one of >= 4 characters (a block field's values are its
+     items, so an example holding two items matches), or is a part of one that has >= 4
+     characters and more than half the value's length (an example cut short);
    - *context*: the last ``k`` characters of the finding's ``context.before`` equal the last
      ``k`` of the field's ``before`` (``k = min(24, both lengths)``, ``k >= 6``), or likewise
      the first ``k`` of ``context.after`` and the field's ``after``;
    - *role*: both are ``tools``, or both are ``template`` (a family has at most one field of
      each of these roles).
    When no field of the reference family matches, the fields of every other family with fields
-   are tried (a template that merged two families may report the other family's field). A
+   are tried by *value* only, with 6 characters instead of 4 (a template that merged two
+   families may report the other family's field). A
    finding of a template mapped to a static family, or to no family, matches nothing.
 3. **Scores.** A field is *found (any kind)* when a finding matches it, *found (strict)* when a
    matching finding's kind is the field's ``kind`` or one of its ``also_ok`` kinds. A finding
@@ -56,7 +58,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
-CONTEXT_MAX, CONTEXT_MIN, CONTAIN_MIN = 24, 6, 4
+CONTEXT_MAX, CONTEXT_MIN, CONTAIN_MIN, CROSS_MIN = 24, 6, 4, 6
 
 
 def _norm(text: str) -> str:
@@ -67,16 +69,20 @@ def _pieces(example: str) -> list[str]:
     return [p for p in (_norm(x) for x in example.split("…")) if p]
 
 
-def value_match(examples: Iterable[str], values: Iterable[str]) -> bool:
-    """An example equals a value, or one contains the other (contained part >= 4 chars)."""
+def value_match(examples: Iterable[str], values: Iterable[str], *, min_len: int = CONTAIN_MIN
+                ) -> bool:
+    """An example equals a value, contains a value of >= ``min_len`` chars, or is a part of a
+    value that is >= ``min_len`` chars and more than half of it (a truncated example; a short
+    number inside a long id is no evidence)."""
     vals = [v for v in (_norm(x) for x in values) if v]
     for ex in examples:
         for piece in _pieces(str(ex)):
             for v in vals:
                 if piece == v:
                     return True
-                short, long_ = (piece, v) if len(piece) <= len(v) else (v, piece)
-                if len(short) >= CONTAIN_MIN and short in long_:
+                if len(v) >= min_len and v in piece:
+                    return True
+                if len(piece) >= min_len and 2 * len(piece) > len(v) and piece in v:
                     return True
     return False
 
@@ -139,8 +145,10 @@ def evaluate(truth: Mapping[str, Any], report: Mapping[str, Any]) -> dict[str, A
         matched: list[tuple[str, str]] = []
         if fam is not None and families[fam]["fields"]:
             matched = [k for k in fields if k[0] == fam and field_matches(fnd, fields[k])]
-            if not matched:
-                matched = [k for k in fields if k[0] != fam and field_matches(fnd, fields[k])]
+            if not matched:  # a merged template: another family's field, by value only
+                ex = fnd.get("examples") or []
+                matched = [k for k in fields if k[0] != fam and value_match(
+                    ex, fields[k].get("values") or [], min_len=CROSS_MIN)]
         if not matched:
             false.append({"id": fid, "family": fam, "kind": fnd.get("kind"),
                           "examples": list(fnd.get("examples") or [])[:2]})
@@ -242,6 +250,7 @@ def audit(trace: Path, args: Sequence[str], path: Path | None, python: str) -> d
 
 
 COLUMNS = [("families", "families"), ("templates", "templates"), ("ratio", "ratio"),
+           ("fields", "fields"),
            ("recall_strict", "recall strict"), ("recall_any", "recall any"),
            ("false", "false"), ("wrong_kind", "wrong kind"), ("duplicates", "duplicates"),
            ("splits", "splits"), ("merges", "merges")]
@@ -269,7 +278,8 @@ def markdown(results: Sequence[Mapping[str, Any]]) -> str:
     for (side, gen), rows in groups.items():
         for r in rows:
             m = r["scores"]
-            cells = [f"{m[k]:.2f}" if k.startswith("recall") else str(m[k]) for k, _ in COLUMNS]
+            cells = [f"{m[k]:.2f}" if k.startswith("recall") or k == "ratio" else str(m[k])
+                     for k, _ in COLUMNS]
             lines.append(f"| {side} | {gen} | {r['seed']} | " + " | ".join(cells) + " |")
         if len(rows) > 1:
             t = total([r["scores"] for r in rows])

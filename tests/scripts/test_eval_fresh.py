@@ -39,7 +39,7 @@ TRUTH: dict[str, Any] = {
             field("member", "numeric_id", "system", ["554963", "112233"], " (member #",
                   ").\n\nRules follow.")]},
         {"name": "agent", "count": 1, "fields": [
-            field("tool_order", "reordered_block", "tools", ["search", "book"])]},
+            field("tool_order", "reordered_block", "tools", ["search_trains", "book"])]},
         {"name": "faq", "count": 2, "fields": []},
     ],
     "request_families": ["concierge", "concierge", "agent", "faq", "faq", "concierge"],
@@ -94,11 +94,16 @@ def test_scores_of_a_hand_made_report() -> None:
 def test_merged_family_and_overfull_template() -> None:
     # one template holds every request: agent and faq have no template of their own
     report = {"summary": {"templates": 1}, "templates": [tpl("all", 2, 6)],
-              "findings": [finding("g1", "all", "reordered_block", ["book"], role="tools")]}
+              "findings": [
+                  # the agent family's field, found through the merged template by its value
+                  finding("g1", "all", "reordered_block", ['{"name": "search_trains"}']),
+                  # a part of a value under half its length is no evidence
+                  finding("g2", "all", "reordered_block", ["search"]),
+              ]}
     s = ev.evaluate(TRUTH, report)
     assert (s["merges"], s["overfull_templates"], s["splits"]) == (2, 1, 0)
-    # the agent family's field is still found through the merged template (cross-family try)
     assert s["found_strict"] == 1 and s["missed_any"] == ["concierge/guest", "concierge/member"]
+    assert [x["id"] for x in s["false_samples"]] == ["g2"]
 
 
 def test_unknown_reference_maps_to_no_family() -> None:
@@ -116,6 +121,8 @@ def test_unknown_reference_maps_to_no_family() -> None:
     (["17"], ["17:34"], False),                     # containment needs 4 characters
     (["14:05"], ["14:05"], True),                   # equality needs none
     (["Lopez"], ["Bo Chen"], False),
+    (["5521"], ["13355212"], False),                # a short number inside a long id: no
+    (["Quinford"], ["Vesna Quinford"], True),       # more than half of the value: a cut example
 ])
 def test_value_match(examples: list[str], values: list[str], expected: bool) -> None:
     assert ev.value_match(examples, values) is expected
