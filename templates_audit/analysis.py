@@ -425,7 +425,7 @@ class Auditor:
     def _finding(self, tpl: TemplateState, st: SpanStats) -> Finding | None:
         text = tpl.static_text
         after = text[st.ref_end:]
-        kind = st.kind(tpl.requests)
+        kind = st.kind(tpl.requests, (text[max(0, st.ref_start - 48):st.ref_start], after[:48]))
         if not after.strip() and not st.injected and kind not in _SPAN_RECOVERED:
             return None  # a varying tail: nothing static follows, nothing is lost
         bs = self.block_size

@@ -69,13 +69,30 @@ def value_lines(value: str) -> list[str]:
     return [ln for ln in (p.strip() for p in _PIECES.split(value)) if ln]
 
 
+# A name-shaped slot is no person's name when its context names a place or a thing: "at the
+# Calmouth station desk", "Build codename: Amber Gecko", "Region: Glenvik" (data, not code).
+_THING_BEFORE = re.compile(
+    r"(?:\b(?:at|in|from|near|to) the|\b(?:code ?name|project|release|region|city|town|station"
+    r"|branch|office|depot|site|store|warehouse|location|country|team|product|plan|tier|venue"
+    r"|airport|campus|district|area)s?)[ \t]*[:=]?[ \t]*$", re.IGNORECASE)
+_THING_AFTER = re.compile(
+    r"^[ \t]*(?:station|branch|office|depot|region|store|warehouse|site|city|town|airport|campus"
+    r"|team|project|release|district|area|venue|hotel|clinic|hospital|line)\b", re.IGNORECASE)
+
+
+def thing_context(before: str, after: str) -> bool:
+    """Whether the text around a slot says it holds a place or a thing, not a person."""
+    return bool(_THING_BEFORE.search(before[-48:]) or _THING_AFTER.match(after[:48]))
+
+
 def slot_kind(kind: str, *, distinct: int, capped: bool, requests: int, multi_line: bool,
               name_like: int, pool: int, pool_full: bool, pool_lines: int,
-              switches: int = 0, digit_values: int = 0) -> str:
+              switches: int = 0, digit_values: int = 0, thing: bool = False) -> str:
     """The report kind of a slot whose spans were classified ``kind`` (see the module
     docstring); ``requests``: the template's; ``switches``: how often its value changed from
     one of the template's requests to the next; ``digit_values``: distinct values holding a
-    digit."""
+    digit; ``thing``: the context names a place or a thing (:func:`thing_context`), so
+    name-shaped values stay ``other``."""
     if (kind in _RELEASED and not multi_line and not capped and 1 < distinct <= VARIANT_MAX
             and digit_values == distinct and switches < distinct
             and requests >= VARIANT_REQUESTS * distinct):
@@ -89,6 +106,7 @@ def slot_kind(kind: str, *, distinct: int, capped: bool, requests: int, multi_li
         return kind
     if not capped and distinct <= VARIANT_MAX and requests >= VARIANT_REQUESTS * distinct:
         return Kind.VARIANT.value
-    if kind == Kind.OTHER.value and distinct > VARIANT_MAX and name_like >= NAME_SHARE * distinct:
+    if (kind == Kind.OTHER.value and distinct > VARIANT_MAX and name_like >= NAME_SHARE * distinct
+            and not thing):
         return Kind.NAME.value
     return kind

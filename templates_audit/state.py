@@ -25,7 +25,7 @@ from templates_audit.findings import Span
 from templates_audit.history import HistoryState
 from templates_audit.model import Role
 from templates_audit.replay import Head
-from templates_audit.slots import POOL_MAX, slot_kind, value_core, value_lines
+from templates_audit.slots import POOL_MAX, slot_kind, thing_context, value_core, value_lines
 
 __all__ = ["MAX_DISTINCT", "MAX_EXAMPLES", "MAX_SPANS", "SpanStats", "StaticPart", "TemplateState"]
 
@@ -116,8 +116,9 @@ class SpanStats:
                 if len(self.pool) <= POOL_MAX:
                     self.pool.add(hash(line))
 
-    def kind(self, requests: int) -> str:
-        """The slot's report kind (:func:`.slots.slot_kind`); ``requests``: the template's."""
+    def kind(self, requests: int, context: tuple[str, str] = ("", "")) -> str:
+        """The slot's report kind (:func:`.slots.slot_kind`); ``requests``: the template's;
+        ``context``: the reference's text before and after the slot."""
         kind = self.kinds.most_common(1)[0][0]
         if "secret" in self.kinds:
             return "secret"
@@ -125,7 +126,7 @@ class SpanStats:
                          multi_line=self.multi_line, name_like=self.name_like,
                          pool=len(self.pool), pool_full=len(self.pool) > POOL_MAX,
                          pool_lines=self.pool_lines, switches=self.switches,
-                         digit_values=self.digit_values)
+                         digit_values=self.digit_values, thing=thing_context(*context))
 
     def _keep(self, h: int) -> bool:
         """Count value hash ``h``; True when it is new and kept (beyond MAX_DISTINCT: capped)."""

@@ -38,7 +38,9 @@ _HEX = re.compile(r"(?:0[xX])?[0-9a-fA-F]{8,}")
 _IPV4 = re.compile(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})")
 _OPAQUE = re.compile(r"[A-Za-z0-9_-]{16,}")  # a ULID, a session token: letters and digits mixed
 _NAME_CUE = re.compile(
-    r"(?i)(?:name|named|called|user|talking\s+to|speaking\s+(?:to|with)|hello|hi|hey|dear"
+    # \b: "codename", "filename" are no cue; "username", "surname" are
+    r"(?i)\b(?:(?:user|nick|sur|first|last|full|display|given|family)?name|named|called|user"
+    r"|talking\s+to|speaking\s+(?:to|with)|hello|hi|hey|dear"
     r"|customer|client|patient|member|employee|guest|caller|student|prospect)"
     r"[\s:,'\"]*$"
 )

@@ -48,3 +48,20 @@ def test_name_shaped(value: str, expected: bool) -> None:
 ])
 def test_id_shaped(token: str, expected: bool) -> None:
     assert id_shaped(token) is expected
+
+
+@pytest.mark.parametrize(("before", "after", "thing"), [
+    ("You are posted at the ", " station desk; answer", True),
+    ("Build codename: ", "\nWrite for staff", True),
+    ("Quote lead times.\nRegion: ", "", True),
+    ("You are speaking with ", " (member #5).", False),
+    ("The user's name is ", ".", False),
+])
+def test_thing_context_tells_places_and_things_from_people(before: str, after: str,
+                                                           thing: bool) -> None:
+    from templates_audit.slots import slot_kind, thing_context
+    assert thing_context(before, after) is thing
+    kind = slot_kind("other", distinct=30, capped=False, requests=200, multi_line=False,
+                     name_like=30, pool=0, pool_full=False, pool_lines=0, switches=40,
+                     thing=thing_context(before, after))
+    assert kind == ("other" if thing else "name")
