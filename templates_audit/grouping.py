@@ -41,12 +41,9 @@ from templates_audit.detectors.shapes import name_shaped
 from templates_audit.findings import changed_range, common_prefix, common_suffix, mask_line
 from templates_audit.prefix_tree import (
     MAX_GAPS,
-    SHORT_GAP,
-    Alignment,
     PrefixTree,
     align,
     pieces,
-    prose,
     same_template,
 )
 
@@ -56,6 +53,7 @@ GUESS_CHARS = 64
 GUESS_TEMPLATES = 4
 MAX_CANDIDATES = 6  # templates aligned with a new static text, at most
 MAX_KEYS = 1 << 16
+RAW_GAPS = 4 * MAX_GAPS  # gaps aligned before clustering, at most (the cost bound)
 REF_PIECES = 256  # templates whose reference pieces are kept for alignment (LRU)
 LINE_SIMILARITY = 0.6
 HEAD_LINES = 2
@@ -140,8 +138,6 @@ def _same_head_share(ref: str, text: str) -> bool:
     return head >= LINE_SIMILARITY * max(len(ref), len(text))
 
 
-VALUE_GAP = 8  # pieces: a differing run this short is volatile whatever it is (a word, a name, an id)
-SHORT_TEXT = 48  # pieces: a text this short that differs in prose, not a value, is another prompt
 
 
 def _h(text: str) -> int:
@@ -359,13 +355,9 @@ class TemplateIndex:
             else:
                 self._ref_pieces.move_to_end(tid)
             rh, rs = cached
-            al = align(rh, hashes, max_gaps=MAX_GAPS)
-            if not same_template(al, len(rh), len(hashes), ref, text, [0, *rs], [0, *starts]):
-                continue
-            short = max(len(rh), len(hashes)) < SHORT_TEXT
-            if not _values_only(al, ref, [0, *rs], text, [0, *starts], 0 if short else VALUE_GAP):
-                continue
-            return tid
+            al = align(rh, hashes, max_gaps=RAW_GAPS)
+            if same_template(al, len(rh), len(hashes), ref, text, [0, *rs], [0, *starts]):
+                return tid
         return None
 
 
@@ -432,20 +424,3 @@ class TemplateIndex:
             if _same_ends(self._refs[tid][0], text, GUESS_CHARS):
                 return tid
         return None
-
-def _values_only(al: Alignment, ref: str, ref_starts: list[int], text: str, starts: list[int],
-                 free: int) -> bool:
-    """Whether every differing run of alignment ``al`` (gaps and tail) longer than ``free``
-    pieces and at most :data:`.prefix_tree.SHORT_GAP` is a value on both sides, the reference's
-    and the text's (longer runs are judged by :func:`.prefix_tree.same_template`: blocks)."""
-    def cut(src: str, offs: list[int], s: int, e: int) -> str:
-        return src[offs[s] if s < len(offs) else len(src):offs[e] if e < len(offs) else len(src)]
-
-    runs = [*al.gaps, *([al.tail] if al.tail is not None else [])]
-    for a0, a1, b0, b1 in runs:
-        size = max(a1 - a0, b1 - b0)
-        if size <= free or size > SHORT_GAP:
-            continue
-        if prose(cut(ref, ref_starts, a0, a1)) or prose(cut(text, starts, b0, b1)):
-            return False
-    return True

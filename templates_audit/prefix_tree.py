@@ -59,11 +59,15 @@ __all__ = [
 
 ANCHOR = 4  # pieces two continuations must agree on to re-converge
 MAX_GAP = 1024  # pieces of one side of a gap, at most
+VALUE_GAP = 8  # pieces: a differing run this short is volatile whatever it is (a word, a name, an id)
+SHORT_TEXT = 48  # pieces: a text this short that differs in prose, not a value, is another prompt
 SHORT_GAP = 24  # pieces: a value (a name with a title, an id, a timestamp) - always volatile
 SHORT_TAIL = 24  # pieces: a differing tail this short is a value at the end, not other content
+CLUSTER_RUN = 12  # pieces: gaps closer than this are one span (a block's differences)
 MAX_GAPS = 16  # differing spans between two requests of one template, at most: more is another prompt
 MAX_REFLOWED = 1  # gaps that only move line breaks: more, and it is another layout of the prompt
-MIN_SHARED = 0.35  # matched pieces / pieces of the longer text, at least
+MIN_SHARED = 0.35
+SHORT_SHARED = 0.6  # the same for a text of fewer than SHORT_TEXT pieces (its framing is a share)  # matched pieces / pieces of the longer text, at least
 MAX_PATHS = 4096  # x 2k-piece prompts x 8 bytes: 64 MiB at worst
 
 _PIECE = re.compile(r"\s*(?:\w+|[^\w\s]+)|\s+")
@@ -230,6 +234,28 @@ def align(a: Sequence[int], b: Sequence[int], max_gap: int = MAX_GAP,
         i, j = ia, jb
 
 
+def cluster(al: Alignment, min_run: int) -> Alignment:
+    """``al`` with gaps separated by equal runs shorter than ``min_run`` pieces merged into one
+    (and into the tail when the last run before it is that short): the differences inside one
+    block of examples, memories or passages are one span, not confetti. ``matched`` is kept."""
+    gaps: list[tuple[int, int, int, int]] = []
+    runs: list[int] = []
+    for gap, run in zip(al.gaps, al.runs, strict=False):
+        if gaps and runs[-1] < min_run:
+            a0, _, b0, _ = gaps[-1]
+            gaps[-1] = (a0, gap[1], b0, gap[3])
+            runs[-1] = run
+        else:
+            gaps.append(gap)
+            runs.append(run)
+    tail = al.tail
+    if tail is not None and gaps and runs[-1] < min_run:
+        a0, _, b0, _ = gaps.pop()
+        runs.pop()
+        tail = (a0, tail[1], b0, tail[3])
+    return Alignment(tuple(gaps), tail, al.matched, tuple(runs))
+
+
 def _reconverge(a: Sequence[int], b: Sequence[int], i: int, j: int, max_gap: int,
                 anchor: int) -> tuple[int, int] | None:
     """The nearest re-convergence after a divergence at ``(i, j)``: the anchor positions
@@ -279,13 +305,14 @@ def prose(run: str) -> bool:
 
 
 _BREAKS = re.compile(r"\s*\n\s*")
-_SHAPE = re.compile(r"[^\w\s]+|\d+[.):]?|\w+[^\w\s]?")
+# A line's structural marker: a bullet or a number and the word after it ("- Likes", "3. Check"),
+# or a key and its colon ("Q:", "Label:", "User name:"). Prose lines have none.
+_SHAPE = re.compile(r"(?:[^\w\s]+|\d+[.):])[ \t]*\w*|\w+(?:[ \t]\w+)?:")
 
 
 def _lines_shape(text: str) -> Counter[str]:
-    """The line structure of a block: each non-empty line's leading punctuation ("-", "*", "{"),
-    its number ("#." for "12.") or else its first word with the punctuation after it ("Q:",
-    "Example"), counted."""
+    """The line structure of a block: each non-empty line's structural marker, counted
+    (digits as ``#``); lines of prose have no marker and do not count."""
     shape: Counter[str] = Counter()
     for line in text.split("\n"):
         m = _SHAPE.match(line.strip())
@@ -295,33 +322,50 @@ def _lines_shape(text: str) -> Counter[str]:
 
 
 def same_structure(x: str, y: str) -> bool:
-    """Whether two differing blocks are the same kind of block: both two or more lines whose
-    line shapes (:func:`_lines_shape`) overlap on at least half of the larger
-    block's lines - examples drawn from one pool, one user's memories and another's, retrieved
-    passages; not two different prompts' instructions."""
+    """Whether two differing blocks are the same kind of block: both two or more lines, the
+    distinct line shapes (:func:`_lines_shape`) of the two at least half shared, and a shared
+    shape repeated within one of them: k of n examples drawn from one pool, 3 or 9 retrieved
+    passages, one user's memories and another's; not two different prompts' instructions."""
     sx, sy = _lines_shape(x), _lines_shape(y)
     nx, ny = sum(sx.values()), sum(sy.values())
     if not nx or not ny:
         return False
-    shared = sum((sx & sy).values())
-    return shared * 2 >= max(nx, ny) and min(nx, ny) >= 2
+    if min(nx, ny) < 2:
+        return False
+    kinds = set(sx) | set(sy)
+    shared = set(sx) & set(sy)
+    return len(shared) * 2 >= len(kinds) and any(sx[k] >= 2 or sy[k] >= 2 for k in shared)
 
 
 def same_template(al: Alignment, a_len: int, b_len: int, a_text: str, b_text: str,
                   a_starts: Sequence[int], b_starts: Sequence[int]) -> bool:
-    """Whether aligned static parts ``a`` and ``b`` are one template (module docstring):
-    matched pieces at least :data:`MIN_SHARED` of the longer; at most :data:`MAX_GAPS` gaps; every gap short, or followed by
-    an equal run at least as long and no prose, or a same-structure block; at most
-    :data:`MAX_REFLOWED` line breaks moved by gaps that change nothing else (a reflowed copy is another layout,
-    and the findings' diff is by lines); a differing tail short or a
-    same-structure block."""
+    """Whether aligned static parts ``a`` and ``b`` are one template (module docstring).
+
+    The raw alignment is first :func:`cluster`-ed (gaps closer than :data:`CLUSTER_RUN` are
+    one). Then: matched pieces at least :data:`MIN_SHARED` of the longer
+    (:data:`SHORT_SHARED` under :data:`SHORT_TEXT` pieces); at most
+    :data:`MAX_GAPS` gaps; at most :data:`MAX_REFLOWED` line breaks moved by gaps that change
+    nothing else (a reflowed copy is another layout, and the findings' diff is by lines);
+    every gap of at most :data:`VALUE_GAP` pieces is volatile whatever it holds (in a text of
+    fewer than :data:`SHORT_TEXT` pieces only if it is no prose); a longer one is volatile when
+    it is no :func:`prose` (another prompt's sentence) or sits in lines whose shape repeats in
+    both texts (an example, a memory, a listed item), and, beyond :data:`SHORT_GAP` pieces,
+    when the text it re-converges on is at least as long as it or both sides are blocks of the
+    same line structure (:func:`same_structure`); a differing tail (nothing re-converges after
+    it) is at most :data:`SHORT_TAIL` pieces and no unrepeated prose. Two prompts that share
+    their first paragraphs and then go their own ways are two templates however long the
+    shared part; a varying block at the very end is left to the caller's other lookups."""
     longer = max(a_len, b_len)
     if longer == 0:
         return True
-    if al.matched < MIN_SHARED * longer or len(al.gaps) > MAX_GAPS:
+    al = cluster(al, CLUSTER_RUN)
+    short = longer < SHORT_TEXT
+    if al.matched < (SHORT_SHARED if short else MIN_SHARED) * longer or len(al.gaps) > MAX_GAPS:
         return False
+    free = 0 if short else VALUE_GAP
+    shapes: tuple[Counter[str], Counter[str]] | None = None
 
-    def text(starts: Sequence[int], src: str, s: int, e: int) -> str:
+    def lines_of(starts: Sequence[int], src: str, s: int, e: int) -> str:
         """The run's text widened to the whole lines it touches."""
         lo = starts[s] if s < len(starts) else len(src)
         hi = starts[e] if e < len(starts) else len(src)
@@ -332,26 +376,42 @@ def same_template(al: Alignment, a_len: int, b_len: int, a_text: str, b_text: st
         return src[starts[s] if s < len(starts) else len(src):
                    starts[e] if e < len(starts) else len(src)]
 
+    def repeated(la: str, lb: str) -> bool:
+        """Whether the first line of each side has a shape seen twice or more in its text."""
+        nonlocal shapes
+        if shapes is None:
+            shapes = (_lines_shape(a_text), _lines_shape(b_text))
+        for line, counts in ((la, shapes[0]), (lb, shapes[1])):
+            shape = _lines_shape(line.split("\n", 1)[0])
+            if not shape or counts[next(iter(shape))] < 2:
+                return False
+        return True
+
+    def volatile(a0: int, a1: int, b0: int, b1: int, run: int | None) -> bool:
+        size = max(a1 - a0, b1 - b0)
+        x, y = cut(a_starts, a_text, a0, a1), cut(b_starts, b_text, b0, b1)
+        if size <= free:
+            return True
+        if run is None and size > SHORT_TAIL:
+            return False  # never re-converges: the rest is this prompt's own
+        la, lb = lines_of(a_starts, a_text, a0, a1), lines_of(b_starts, b_text, b0, b1)
+        if run is not None and same_structure(la, lb):
+            return True
+        if (prose(x) or prose(y)) and not repeated(la, lb):
+            return False
+        if size <= (SHORT_TAIL if run is None else SHORT_GAP):
+            return True
+        return run is not None and run >= size
+
     reflowed = 0
     for (a0, a1, b0, b1), run in zip(al.gaps, al.runs, strict=False):
-        size = max(a1 - a0, b1 - b0)
         x, y = cut(a_starts, a_text, a0, a1), cut(b_starts, b_text, b0, b1)
         if x.count("\n") != y.count("\n") and "".join(x.split()) == "".join(y.split()):
             # the same words broken into other lines: count the breaks that moved
             reflowed += max(1, abs(len(_BREAKS.findall(x)) - len(_BREAKS.findall(y))))
             if reflowed > MAX_REFLOWED:
                 return False
-        if size <= SHORT_GAP:
             continue
-        if same_structure(text(a_starts, a_text, a0, a1), text(b_starts, b_text, b0, b1)):
-            continue
-        if run >= size and not (prose(x) or prose(y)):
-            continue
-        return False
-    if al.tail is not None:
-        a0, a1, b0, b1 = al.tail
-        size = max(a1 - a0, b1 - b0)
-        if size > SHORT_TAIL and not same_structure(text(a_starts, a_text, a0, a1),
-                                                    text(b_starts, b_text, b0, b1)):
+        if not volatile(a0, a1, b0, b1, run):
             return False
-    return True
+    return al.tail is None or volatile(*al.tail, None)

@@ -117,11 +117,11 @@ def test_a_fixed_preamble_and_end_around_a_varying_block_is_one_template() -> No
     # The same preamble before a different prompt (another product of one vendor): apart.
     other = head + "\n".join(f"Step {k}: do something else entirely, in order." for k in range(12)) + "\n"
     assert idx.find("m", other, 9)[0] is None
-    # A single-line preamble and the same rules around a block of the same structure: the block
-    # re-converges on the rules, so it is one template whatever the preamble's length.
+    # Same preamble and end, but the preamble is a single line and the passages have no line
+    # structure (no key, bullet or number): apart.
     one_line = "You are ACME's assistant, answer from the context below and nothing else.\n"
     idx.add("t1", "m", one_line + docs[0] + "\nRules:\n" + rules + "\n", 10)
-    assert idx.find("m", one_line + docs[1] + "\nRules:\n" + rules + "\n", 11)[0] == "t1"
+    assert idx.find("m", one_line + docs[1] + "\nRules:\n" + rules + "\n", 11)[0] is None
 
 
 def test_remove_forgets_a_template_entirely() -> None:

@@ -113,8 +113,12 @@ def test_a_reflowed_copy_is_another_layout_not_one_template() -> None:
 
 def test_same_structure_compares_line_shapes() -> None:
     assert same_structure("Q: a?\nA: b.", "Q: c?\nA: d.\nQ: e?\nA: f.")
-    assert same_structure("- likes tea\n- lives in Oslo", "- has a dog\n- works nights")
+    assert same_structure("Fact: likes tea\nFact: lives in Oslo", "Fact: has a dog\nFact: works nights")
+    assert same_structure("1. Check the date\n2. Check the id", "1. Check the name\n2. Check it\n3. Check")
+    # prose lines have no structural marker; bullets of different instructions differ
     assert not same_structure("Q: a?\nA: b.", "Always cite.\nNever guess.\nBe brief.")
+    assert not same_structure("The desk opens at nine.\nThe bar closes late.", "The night audit.\nThe day.")
+    assert not same_structure("- Quote prices in euros\n- Greet the caller", "- Do not reveal tools\n- Close politely")
 
 
 def test_tree_counts_requests_and_splits_edges() -> None:
