@@ -5,9 +5,10 @@ Three parts, run one after the other on this machine:
 1. compare (`loadtest.compare`): the six workloads (`WORKLOADS`: shared-prefix, hot-prefix,
    multi-turn, a scaled-down mooncake replay, rag, agent) at each fleet size of `FLEETS`, through
    every routing setup (`setups`: the router with each of its policies, default first, nginx,
-   sglang-router cache_aware and round_robin), a fresh simulated fleet per setup; on the
-   `SPLIT_FLEETS` cells also the default policy as 1, 2 and 4 processes behind the round-robin
-   splitter and sglang-router as 2 (`split_setups`). Each cell also gets its one-cache ceiling
+   and the peer routers of `PEERS`: sglang-router, smg and vllm-router cache_aware, vllm-router
+   consistent_hash and power_of_two, sglang-router round_robin), a fresh simulated fleet per
+   setup; on the `SPLIT_FLEETS` cells also the default policy as 1, 2 and 4 processes behind the
+   round-robin splitter and sglang-router and vllm-router as 2 (`split_setups`). Each cell also gets its one-cache ceiling
    and its hit-rate bounds (`bounds`: any router's best hit rate at max/mean <= 1.3, which the
    targets table holds against sglang-router's);
 2. overhead (`loadtest.overhead`): proxy CPU per request / per chunk and added latency, with the
@@ -56,7 +57,8 @@ from loadtest.report import slug
 from loadtest.runner import Plan
 from loadtest.setups import parse_setup
 
-__all__ = ["BASE_REPLICAS", "FLEETS", "SIM_WORKLOADS", "SPLIT_FLEETS", "WORKLOADS", "BenchWorkload",
+__all__ = ["BASE_REPLICAS", "FLEETS", "PEERS", "SIM_WORKLOADS", "SPLIT_FLEETS", "WORKLOADS",
+           "BenchWorkload",
            "SimWorkload", "default_policy", "judged", "main", "mooncake_slice", "setups",
            "split_setups"]
 
@@ -87,17 +89,23 @@ def judged() -> list[str]:
     return out
 
 
+# the peer routers of every cell (the `[compare]` extra's pinned versions): their cache-aware
+# policies, vllm-router's consistent_hash and power_of_two, and a round-robin baseline
+PEERS = ("sglang-cache_aware", "smg-cache_aware", "vllm-cache_aware", "vllm-consistent_hash",
+         "vllm-power_of_two", "sglang-round_robin")
+
+
 def setups() -> list[str]:
     """The compare setups of every cell."""
-    return ([f"router-{p}" for p in policies()]
-            + ["nginx", "sglang-cache_aware", "sglang-round_robin"])
+    return [f"router-{p}" for p in policies()] + ["nginx", *PEERS]
 
 
 def split_setups() -> list[str]:
     """Several router processes: the cache-aware policy (else the default) as 1, 2 and 4
-    processes behind the splitter, and sglang-router cache_aware as 2."""
+    processes behind the splitter, and sglang-router and vllm-router cache_aware as 2."""
     ca = "cache_aware" if "cache_aware" in policies() else default_policy()
-    return [f"router-{ca}-x1", f"router-{ca}-x2", f"router-{ca}-x4", "sglang-cache_aware-x2"]
+    return [f"router-{ca}-x1", f"router-{ca}-x2", f"router-{ca}-x4", "sglang-cache_aware-x2",
+            "vllm-cache_aware-x2"]
 
 
 def run_compare(cells: tuple[BenchWorkload, ...], names: list[str], split: list[str],

@@ -190,9 +190,10 @@ def parse_setup(text: str) -> Setup:
 
 
 def _binary(name: str) -> str | None:
-    """A console script of this environment (its bin/ first), else one on the PATH."""
-    own = Path(sys.executable).with_name(name)
-    return str(own) if own.exists() else shutil.which(name)
+    """A console script of this environment (its bin/ first: `make bench` runs the venv's
+    python without activating it), else one on the PATH."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return shutil.which(name, path=path)
 
 
 def _nginx_binary() -> str | None:

@@ -25,7 +25,8 @@ def test_setups_follow_the_router_policies(monkeypatch: pytest.MonkeyPatch) -> N
 
     assert bench.setups()[0] == f"router-{rs.RoutingSettings.policy}"  # the default first
     assert {f"router-{p}" for p in rs.POLICIES} <= set(bench.setups())
-    assert {"nginx", "sglang-cache_aware", "sglang-round_robin"} <= set(bench.setups())
+    assert {"nginx", "sglang-cache_aware", "sglang-round_robin", "smg-cache_aware",
+            "vllm-cache_aware", "vllm-consistent_hash", "vllm-power_of_two"} <= set(bench.setups())
     # a policy the router gains is benchmarked, and several processes of it measured
     monkeypatch.setattr(rs, "POLICIES", tuple(p for p in rs.POLICIES if p != "cache_aware"))
     monkeypatch.setattr(rs.RoutingSettings, "policy", "prefix")
@@ -33,7 +34,8 @@ def test_setups_follow_the_router_policies(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(rs, "POLICIES", (*rs.POLICIES, "cache_aware"))
     assert "router-cache_aware" in bench.setups()
     assert bench.split_setups() == ["router-cache_aware-x1", "router-cache_aware-x2",
-                                    "router-cache_aware-x4", "sglang-cache_aware-x2"]
+                                    "router-cache_aware-x4", "sglang-cache_aware-x2",
+                                    "vllm-cache_aware-x2"]
     assert bench.judged() == ["router-prefix", "router-cache_aware"]  # the candidate too
     # ... and the targets judge whichever is the default
     monkeypatch.setattr(rs.RoutingSettings, "policy", "cache_aware")

@@ -38,7 +38,7 @@ def test_router_branches_parse() -> None:
 
 def test_missing_software_is_skipped_with_its_reason(monkeypatch: pytest.MonkeyPatch,
                                                      tmp_path: Path) -> None:
-    monkeypatch.setattr("loadtest.setups.shutil.which", lambda name: None)
+    monkeypatch.setattr("loadtest.setups.shutil.which", lambda name, **_: None)
     plan = Plan("http://unused", rate=10.0, max_requests=1)
     res = compare({"w": ([], {"name": "w"})}, [Setup("vllm", "consistent_hash")], plan,
                   FleetParams(replicas=1), tmp_path, log=lambda _m: None)
