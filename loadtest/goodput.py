@@ -201,6 +201,9 @@ def render(results: Sequence[dict[str, Any]], command: str) -> str:
         for name, why in res.get("failed", {}).items():
             lines.append(f"| {name} | not run: {why} | | |")
         lines.append("")
+        if res.get("plot"):  # a path relative to the page, set by whoever drew it
+            lines += [f"![TTFT p99 against the rate, {res['workload']['name']}, {n} replicas]"
+                      f"({res['plot']})", ""]
     return "\n".join(lines).rstrip("\n") + f"\n<!-- {BLOCK}:end -->\n"
 
 

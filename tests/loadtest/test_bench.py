@@ -130,3 +130,27 @@ def test_bounds_of_a_cell_from_its_requests(tmp_path: Any) -> None:
     assert b["at_target"]["hit_rate"] <= b["infinite"]["hit_rate"]
     assert b["ceiling"]["hit_rate"] <= b["opt"]["hit_rate"] <= b["infinite"]["hit_rate"]
     assert 0 < b["at_target"]["hit_rate"] < 1
+
+
+def test_render_only_writes_the_goodput_block(tmp_path: Any) -> None:
+    # make bench's part 4: the saved goodput results become the doc's goodput block and a plot
+    import json
+
+    step = {"rate": 10.0, "ttft_p99": 0.4, "ttft_p50": 0.1, "errors": 0, "requests": 16,
+            "hit_rate": 0.7}
+    res = {"workload": {"name": "multi-turn"}, "replicas": 4, "slo": 1.0, "rates": [10.0, 12.5],
+           "requests": 16, "seed": 0, "machine": {"commit": "abc"}, "failed": {},
+           "setups": {"router-cache_aware": {
+               "goodput": 10.0, "goodput_per_replica": 2.5, "ceiling": False,
+               "steps": [step, {**step, "rate": 12.5, "ttft_p99": 1.5}]}}}
+    (tmp_path / "bench.json").write_text(json.dumps({"machine": {}, "timings": {},
+                                                     "goodput": [res]}))
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# old\n\n<!-- goodput:begin -->\nstale\n<!-- goodput:end -->\n")
+    assert bench.main(["--render-only", "--json-dir", str(tmp_path), "--doc", str(doc),
+                       "--img", str(tmp_path / "img")]) == 0
+    text = doc.read_text()
+    assert "stale" not in text and text.count("<!-- goodput:begin -->") == 1
+    assert "| router-cache_aware | 2.50 | 400, 1500 | 70.0% |" in text
+    assert "(img/bench-goodput-multi-turn-4.png)" in text
+    assert (tmp_path / "img" / "bench-goodput-multi-turn-4.png").exists()
