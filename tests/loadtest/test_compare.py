@@ -144,6 +144,25 @@ def test_parse_setup_with_processes() -> None:
             parse_setup(bad)
 
 
+@pytest.mark.parametrize(("text", "workers", "noshare", "kind"), [
+    ("router-cache_aware-w2", 2, False, "router"),           # one process, two workers
+    ("router-cache_aware-w4+noshare", 4, True, "router"),    # ... sharing nothing
+    ("smg-cache_aware", None, False, "smg"),                 # the peer routers
+    ("vllm-kv_aware", None, False, "vllm"),
+])
+def test_parse_setup_workers_and_peers(text: str, workers: int | None, noshare: bool,
+                                       kind: str) -> None:
+    s = parse_setup(text)
+    assert (s.kind, s.workers, s.noshare, s.name) == (kind, workers, noshare, text)
+
+
+@pytest.mark.parametrize("bad", ["sglang-cache_aware-w2", "router-cache_aware-w0",
+                                 "smg-cache_aware+noshare", "router-prefix+shared"])
+def test_parse_setup_rejects(bad: str) -> None:
+    with pytest.raises(ValueError):
+        parse_setup(bad)
+
+
 @pytest.mark.slow
 def test_router_processes_behind_the_splitter_share_the_traffic(tmp_path: Path) -> None:
     from loadtest.fleet import Fleet
