@@ -32,9 +32,10 @@ __all__ = [
     "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery",
     "KvEventsSettings", "LOG_LEVELS", "PeersSettings",
     "LimitsSettings", "Listen", "LoggingSettings", "POLICIES", "ProxySettings", "RINGS",
-    "PEER_DIR_ENV", "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV", "ScrapeSettings", "Settings",
-    "SettingsError", "ShutdownSettings", "TracingSettings", "kv_installed", "load_settings", "parse_backend",
-    "parse_size", "settings_from_env", "write_settings_file"
+    "PEER_DIR_ENV", "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV",
+    "ScrapeSettings", "Settings", "SettingsError", "ShutdownSettings", "TracingSettings",
+    "kv_installed", "load_settings", "parse_backend", "parse_size", "settings_from_env",
+    "write_settings_file"
 ]
 
 SETTINGS_ENV = "PREFIX_ROUTER_SETTINGS_FILE"

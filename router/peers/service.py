@@ -10,8 +10,8 @@
   workers - 1`` - an exclusive ``flock`` on ``<siblings>/<i>.lock``, held while the process
   lives, so a worker uvicorn restarts takes the slot of the one that died - binds
   ``ipc://<siblings>/<i>.sock`` and subscribes to the other slots' sockets only
-  (`sibling_endpoints`). `Outbox` (installed as ``router.outbox``) hands it every local attempt's start /
-  first byte / end as it happens: one encode and one non-blocking send on the event loop - a PUB
+  (`sibling_endpoints`). `Outbox` (installed as ``router.outbox``) hands it every local
+  attempt's start / first byte / end as it happens: one encode and one non-blocking send on the event loop - a PUB
   socket never blocks, it drops messages for a subscriber past its high-water mark;
 - one **SUB socket** connected to every peer endpoint (`peer_endpoints`: ``endpoints``, the
   sibling workers' ports, and every address of ``dns`` at those ports, re-resolved every
