@@ -99,11 +99,11 @@ PEERS = ("sglang-cache_aware", "smg-cache_aware", "vllm-cache_aware", "vllm-cons
 
 
 # goodput (part 4): (workload, replicas) cells, the setups, the SLO and the rate ladder per
-# replica (start, growth, steps: 2.5 .. 7.6 requests/s per replica; the compare cells run 5)
+# replica (start, growth, steps: 2.5 .. 26.5 requests/s per replica; the compare cells run 5)
 GOODPUT_CELLS = (("multi-turn", 4), ("shared-prefix", 4), ("rag", 4))
 GOODPUT_SETUPS = ("sglang-cache_aware", "smg-cache_aware", "vllm-cache_aware")
 GOODPUT_SLO = 1.0
-GOODPUT_LADDER = (2.5, 1.25, 6)
+GOODPUT_LADDER = (2.5, 1.3, 10)
 
 
 def setups() -> list[str]:
