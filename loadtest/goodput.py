@@ -1,13 +1,16 @@
 """`prefix-loadtest goodput`: the request rate each setup serves within a TTFT SLO.
 
 For one workload and fleet (a `make bench` cell, `loadtest.cells`) every setup is driven open
-loop at a rising rate: step k sends the cell's requests at ``rate_k = start * growth**k``
-(`step_rates`), each in front of a fresh fleet. The requests and their arrival pattern are the
-same at every step and for every setup: the cell's schedule (Poisson arrivals, think times) is
-generated once, from one seed, at the cell's rate, and each step compresses its times by
-``cell rate / rate_k`` (`at_rate`: a Poisson process at rate r with times scaled by r / r' is one
-at rate r'). A step *passes* when TTFT p99 is at most the SLO and no request failed or went
-unsent (`passes`). A setup's goodput is the highest rate of its passing steps before its first
+loop at a rising rate: step k sends ``duration`` seconds of the cell's traffic at ``rate_k =
+start * growth**k`` (`step_rates`), each in front of a fresh fleet. The requests and their
+arrival pattern are the same at every step and for every setup: the cell's workload is
+generated once, from one seed, at the cell's rate, long enough for the highest rate; each step
+compresses its times by ``cell rate / rate_k`` (`at_rate`: a Poisson process at rate r with
+times scaled by r / r' is one at rate r') and sends the requests that arrive within
+``duration`` (`window`) - so every step is as long as the cell's own run (its requests / its
+rate) and a queue that grows faster than the fleet drains it shows up in TTFT, whatever the
+rate. A step *passes* when TTFT p99 is at most the SLO and no request failed or went unsent
+(`passes`). A setup's goodput is the highest rate of its passing steps before its first
 failing one, per replica (`goodput`); a setup stops at its first failing step (`search`: higher
 rates are not run, so a setup past its capacity costs one step, not the rest of the ladder).
 
@@ -16,8 +19,8 @@ Output: per setup its goodput and every step (rate, TTFT p50/p99, hit rate, erro
 docs/benchmarks.md when `make bench` runs it) and a plot of TTFT p99 against the rate, one line
 per setup, the SLO as a horizontal line (``--plot``; `loadtest.plots.goodput_plot`).
 
-Cost: per setup and step one fleet start, one setup start and the cell's requests (a few
-seconds of traffic at the cell's rate, less at higher rates); at most ``steps`` runs per setup.
+Cost: per setup and step one fleet start, one setup start and ``duration`` seconds of traffic
+(``rate x duration`` requests); at most ``steps`` runs per setup.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import Any
 from loadtest.workloads import Request
 
 __all__ = ["BLOCK", "DEFAULT_SETUPS", "Step", "add_arguments", "at_rate", "goodput", "main",
-           "measure", "passes", "render", "search", "step_rates"]
+           "measure", "passes", "render", "search", "step_rates", "window"]
 
 BLOCK = "goodput"
 DEFAULT_SETUPS = ("router-cache_aware", "sglang-cache_aware", "smg-cache_aware",
@@ -70,6 +73,11 @@ def at_rate(requests: Sequence[Request], base_rate: float, rate: float) -> list[
     return [replace(r, at=r.at * k) for r in requests]
 
 
+def window(requests: Sequence[Request], duration: float) -> list[Request]:
+    """The requests that arrive before ``duration`` seconds (arrival order)."""
+    return [r for r in requests if r.at < duration]
+
+
 def passes(step: Step, slo: float) -> bool:
     """Within the SLO: some requests, none failed or unsent, TTFT p99 <= ``slo`` seconds."""
     return (step.requests > 0 and step.errors == 0 and step.ttft_p99 is not None
@@ -101,10 +109,11 @@ def goodput(steps: Sequence[Step], slo: float) -> float | None:
 # -- measuring -------------------------------------------------------------------------------------
 def measure(workload: str, replicas: int, setups: Sequence[str], slo: float, start: float,
             growth: float, steps: int, workdir: Path, seed: int = 0,
-            requests: int | None = None, log: Callable[[str], None] | None = None
+            duration: float | None = None, log: Callable[[str], None] | None = None
             ) -> dict[str, Any]:
     """Every setup's `search` on the cell ``workload`` at ``replicas`` (rates per replica:
-    ``start``, ``growth``); JSON-shaped results."""
+    ``start``, ``growth``; ``duration`` seconds of traffic per step, default the cell's own);
+    JSON-shaped results."""
     from loadtest.cells import WORKLOADS, cell_requests
     from loadtest.compare import machine_info, run_setup
     from loadtest.fleet import FleetError
@@ -116,14 +125,15 @@ def measure(workload: str, replicas: int, setups: Sequence[str], slo: float, sta
     if workload not in cells:
         raise ValueError(f"workload: expected one of {', '.join(cells)}, got {workload!r}")
     cell = cells[workload].at(replicas)
-    if requests is not None:
-        cell = replace(cell, requests=requests)
+    rates = step_rates(start * replicas, growth, steps)
+    seconds = duration if duration is not None else cell.requests / cell.rate
+    # enough requests for the highest rate's window (10% spare for the Poisson spread)
+    cell = replace(cell, requests=math.ceil(1.1 * seconds * max(cell.rate, rates[-1])) + 8)
     reqs, meta = cell_requests(cell, seed, workdir / "cell")
     tokenizer = tiny_tokenizer_dir(workdir / "tokenizer")
-    rates = step_rates(start * replicas, growth, steps)
     out: dict[str, Any] = {
         "workload": meta, "replicas": replicas, "fleet": asdict(cell.fleet), "slo": slo,
-        "rates": rates, "requests": len(reqs), "seed": seed, "machine": machine_info(),
+        "rates": rates, "duration": seconds, "seed": seed, "machine": machine_info(),
         "setups": {}, "failed": {}}
     for name in setups:
         setup = parse_setup(name)
@@ -134,9 +144,9 @@ def measure(workload: str, replicas: int, setups: Sequence[str], slo: float, sta
             continue
 
         def run_step(rate: float, setup: Any = setup, name: str = name) -> Step:
-            sent = at_rate(reqs, cell.rate, rate)
+            sent = window(at_rate(reqs, cell.rate, rate), seconds)
             plan = Plan("http://unused", rate=rate, max_requests=len(sent),
-                        max_time=max(60.0, 4 * sent[-1].at + 30.0))
+                        max_time=max(60.0, 4 * seconds + 30.0))
             res, _ = run_setup(setup, sent, plan, cell.fleet,
                                workdir / f"{name}-{rate:.2f}", tokenizer, meta)
             s = res.summary()
@@ -181,7 +191,7 @@ def render(results: Sequence[dict[str, Any]], command: str) -> str:
         rates = ", ".join(f"{r / n:.2f}" for r in res["rates"])
         lines += [f"### {res['workload']['name']}, {res['replicas']} replicas, SLO "
                   f"{res['slo']:g} s", "",
-                  f"{res['requests']} requests per step, seed {res['seed']}, rates "
+                  f"{res['duration']:g} s of traffic per step, seed {res['seed']}, rates "
                   f"{rates} /s per replica; "
                   f"commit {m.get('commit', '?')}, {m.get('date', '')}, {m.get('nproc', '?')} "
                   "CPUs.", "",
@@ -220,8 +230,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="first step's rate, requests/s per replica")
     p.add_argument("--growth", type=float, default=1.25, help="rate factor between steps")
     p.add_argument("--steps", type=int, default=6, help="at most this many rates per setup")
-    p.add_argument("--requests", type=int, default=None,
-                   help="requests per step (default: the cell's)")
+    p.add_argument("--duration", type=float, default=None,
+                   help="seconds of traffic per step (default: the cell's requests / its rate)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="JSON results")
     p.add_argument("--markdown", help="write the markdown block here (default: stdout)")
@@ -234,7 +244,7 @@ def run_all(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
         for replicas in args.replicas or [4]:
             out.append(measure(workload, replicas, args.setup or list(DEFAULT_SETUPS),
                                args.slo, args.start_rate, args.growth, args.steps,
-                               workdir / f"{workload}-{replicas}", args.seed, args.requests))
+                               workdir / f"{workload}-{replicas}", args.seed, args.duration))
     return out
 
 
@@ -257,7 +267,7 @@ def command_line(args: argparse.Namespace) -> str:
     for s in args.setup or DEFAULT_SETUPS:
         parts.append(f"--setup {s}")
     parts.append(f"--slo {args.slo:g} --start-rate {args.start_rate:g} --growth {args.growth:g} "
-                 f"--steps {args.steps}" + (f" --requests {args.requests}" if args.requests
+                 f"--steps {args.steps}" + (f" --duration {args.duration:g}" if args.duration
                                              else ""))
     return " ".join(parts)
 

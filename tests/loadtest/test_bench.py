@@ -139,7 +139,7 @@ def test_render_only_writes_the_goodput_block(tmp_path: Any) -> None:
     step = {"rate": 10.0, "ttft_p99": 0.4, "ttft_p50": 0.1, "errors": 0, "requests": 16,
             "hit_rate": 0.7}
     res = {"workload": {"name": "multi-turn"}, "replicas": 4, "slo": 1.0, "rates": [10.0, 12.5],
-           "requests": 16, "seed": 0, "machine": {"commit": "abc"}, "failed": {},
+           "duration": 8.0, "seed": 0, "machine": {"commit": "abc"}, "failed": {},
            "setups": {"router-cache_aware": {
                "goodput": 10.0, "goodput_per_replica": 2.5, "ceiling": False,
                "steps": [step, {**step, "rate": 12.5, "ttft_p99": 1.5}]}}}
