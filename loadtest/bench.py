@@ -5,15 +5,19 @@ Three parts, run one after the other on this machine:
 1. compare (`loadtest.compare`): the six workloads (`WORKLOADS`: shared-prefix, hot-prefix,
    multi-turn, a scaled-down mooncake replay, rag, agent) at each fleet size of `FLEETS`, through
    every routing setup (`setups`: the router with each of its policies, default first, nginx,
-   sglang-router cache_aware and round_robin), a fresh simulated fleet per setup; on the
-   `SPLIT_FLEETS` cells also the default policy as 1, 2 and 4 processes behind the round-robin
-   splitter and sglang-router as 2 (`split_setups`). Each cell also gets its one-cache ceiling
+   and the peer routers of `PEERS`: sglang-router, smg and vllm-router cache_aware, vllm-router
+   consistent_hash and power_of_two, sglang-router round_robin), a fresh simulated fleet per
+   setup; on the `SPLIT_FLEETS` cells also the default policy as 1, 2 and 4 processes behind the
+   round-robin splitter and sglang-router and vllm-router as 2 (`split_setups`). Each cell also gets its one-cache ceiling
    and its hit-rate bounds (`bounds`: any router's best hit rate at max/mean <= 1.3, which the
    targets table holds against sglang-router's);
 2. overhead (`loadtest.overhead`): proxy CPU per request / per chunk and added latency, with the
    judged policies (`judged`: the default, and cache_aware while it is not the default);
 3. simulate (`loadtest.simulate`): the discrete-event simulator at 64 replicas (`SIM_WORKLOADS`),
-   every router policy, each against the ceiling.
+   every router policy, each against the ceiling;
+4. goodput (`loadtest.goodput`): on the `GOODPUT_CELLS` the highest open-loop rate at which
+   TTFT p99 stays within `GOODPUT_SLO`, for the default policy and the cache-aware peers
+   (`GOODPUT_SETUPS`); its own block of the doc and ``docs/img/bench-goodput-*.png``.
 
 A `BenchWorkload` is sized for 4 replicas; `BenchWorkload.at(n)` scales its rate and its request
 count by n/4 on the same KV per replica, so every fleet size sees the same load per replica and
@@ -56,7 +60,8 @@ from loadtest.report import slug
 from loadtest.runner import Plan
 from loadtest.setups import parse_setup
 
-__all__ = ["BASE_REPLICAS", "FLEETS", "SIM_WORKLOADS", "SPLIT_FLEETS", "WORKLOADS", "BenchWorkload",
+__all__ = ["BASE_REPLICAS", "FLEETS", "PEERS", "SIM_WORKLOADS", "SPLIT_FLEETS", "WORKLOADS",
+           "BenchWorkload",
            "SimWorkload", "default_policy", "judged", "main", "mooncake_slice", "setups",
            "split_setups"]
 
@@ -87,17 +92,31 @@ def judged() -> list[str]:
     return out
 
 
+# the peer routers of every cell (the `[compare]` extra's pinned versions): their cache-aware
+# policies, vllm-router's consistent_hash and power_of_two, and a round-robin baseline
+PEERS = ("sglang-cache_aware", "smg-cache_aware", "vllm-cache_aware", "vllm-consistent_hash",
+         "vllm-power_of_two", "sglang-round_robin")
+
+
+# goodput (part 4): (workload, replicas) cells, the setups, the SLO and the rate ladder per
+# replica (start, growth, steps: 2.5 .. 26.5 requests/s per replica; the compare cells run 5)
+GOODPUT_CELLS = (("multi-turn", 4), ("shared-prefix", 4), ("rag", 4))
+GOODPUT_SETUPS = ("sglang-cache_aware", "smg-cache_aware", "vllm-cache_aware")
+GOODPUT_SLO = 1.0
+GOODPUT_LADDER = (2.5, 1.3, 10)
+
+
 def setups() -> list[str]:
     """The compare setups of every cell."""
-    return ([f"router-{p}" for p in policies()]
-            + ["nginx", "sglang-cache_aware", "sglang-round_robin"])
+    return [f"router-{p}" for p in policies()] + ["nginx", *PEERS]
 
 
 def split_setups() -> list[str]:
     """Several router processes: the cache-aware policy (else the default) as 1, 2 and 4
-    processes behind the splitter, and sglang-router cache_aware as 2."""
+    processes behind the splitter, and sglang-router and vllm-router cache_aware as 2."""
     ca = "cache_aware" if "cache_aware" in policies() else default_policy()
-    return [f"router-{ca}-x1", f"router-{ca}-x2", f"router-{ca}-x4", "sglang-cache_aware-x2"]
+    return [f"router-{ca}-x1", f"router-{ca}-x2", f"router-{ca}-x4", "sglang-cache_aware-x2",
+            "vllm-cache_aware-x2"]
 
 
 def run_compare(cells: tuple[BenchWorkload, ...], names: list[str], split: list[str],
@@ -159,6 +178,28 @@ def _sim_requests(w: SimWorkload) -> list[Any]:
     return workload_requests(w.name, w.requests, 0, w.rate, **w.spec)
 
 
+def run_goodput(workdir: Path, quick: bool) -> list[dict[str, Any]]:
+    """`loadtest.goodput.measure` on every `GOODPUT_CELLS` cell (``quick``: the first cell, two
+    rates, 1 s of traffic a step)."""
+    from loadtest.goodput import measure
+
+    start, growth, steps = GOODPUT_LADDER
+    cells = GOODPUT_CELLS[:1] if quick else GOODPUT_CELLS
+    names = [f"router-{default_policy()}", *GOODPUT_SETUPS]
+    return [measure(w, n, names, GOODPUT_SLO, start, growth, 2 if quick else steps,
+                    workdir / f"{w}-{n}", duration=1.0 if quick else None)
+            for w, n in cells]
+
+
+def goodput_command() -> str:
+    start, growth, steps = GOODPUT_LADDER
+    cells = " ".join(f"--workload {w}" for w in dict.fromkeys(w for w, _ in GOODPUT_CELLS))
+    sizes = " ".join(f"--replicas {n}" for n in dict.fromkeys(n for _, n in GOODPUT_CELLS))
+    names = " ".join(f"--setup {s}" for s in [f"router-{default_policy()}", *GOODPUT_SETUPS])
+    return (f"prefix-loadtest goodput {cells} {sizes} {names} --slo {GOODPUT_SLO:g} "
+            f"--start-rate {start:g} --growth {growth:g} --steps {steps}   # make bench, part 4")
+
+
 def run_simulate(quick: bool) -> dict[str, Any]:
     """Every router policy on every `SIM_WORKLOADS` entry; a policy the simulation cannot run
     is reported as failed, the others go on."""
@@ -195,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of the pipeline")
-    p.add_argument("--skip", action="append", default=[], choices=["compare", "overhead", "simulate"])
+    p.add_argument("--skip", action="append", default=[],
+                   choices=["compare", "overhead", "simulate", "goodput"])
     p.add_argument("--setup", action="append", default=None,
                    help="compare setups of every cell (repeatable; default: `setups()`)")
     p.add_argument("--split-setup", action="append", default=None,
@@ -219,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render_only:
         saved = json.loads((json_dir / "bench.json").read_text())
         _write_doc(Path(args.doc), benchmarks_markdown(saved, _figures(saved, img),
-                                                       Path(args.doc).parent))
+                                                       Path(args.doc).parent), saved)
         return 0
     json_dir.mkdir(parents=True, exist_ok=True)
     chosen = tuple(w for w in WORKLOADS if not args.workload or w.name in args.workload)
@@ -235,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                                             fleets if args.quick else SPLIT_FLEETS),
         "overhead": lambda work: run_overhead(work / "overhead", args.quick),
         "simulate": lambda work: run_simulate(args.quick),
+        "goodput": lambda work: run_goodput(work / "goodput", args.quick),
     }
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         for name, part in parts.items():
@@ -251,18 +294,23 @@ def main(argv: list[str] | None = None) -> int:
     data["timings"]["total"] = time.monotonic() - t0
     (json_dir / "bench.json").write_text(json.dumps(data, indent=1) + "\n")
     figures = _figures(data, img)
-    _write_doc(Path(args.doc), benchmarks_markdown(data, figures, Path(args.doc).parent))
+    _write_doc(Path(args.doc), benchmarks_markdown(data, figures, Path(args.doc).parent), data)
     print(f"wrote {args.doc} and {len(figures)} figures in {data['timings']['total']:.0f}s",
           file=sys.stderr)
     return 0
 
 
-def _write_doc(doc: Path, text: str) -> None:
+def _write_doc(doc: Path, text: str, data: dict[str, Any] | None = None) -> None:
     """Write the regenerated doc, keeping the sections other scripts own
-    (:mod:`loadtest.doc_blocks`: `loadtest.bench_tracing`'s, `scripts/bench_block_keys.py`'s)."""
-    from loadtest.doc_blocks import keep_blocks
+    (:mod:`loadtest.doc_blocks`: `loadtest.bench_tracing`'s, `scripts/bench_block_keys.py`'s),
+    with the goodput block of this run (``data["goodput"]``) in place of the old one."""
+    from loadtest.doc_blocks import keep_blocks, replace_block
+    from loadtest.goodput import BLOCK, render
 
-    doc.write_text(keep_blocks(doc.read_text() if doc.exists() else "", text))
+    text = keep_blocks(doc.read_text() if doc.exists() else "", text)
+    if data and data.get("goodput"):
+        text = replace_block(text, BLOCK, render(data["goodput"], goodput_command()))
+    doc.write_text(text)
 
 
 def _figures(data: dict[str, Any], img: Path) -> dict[str, Path]:
@@ -274,6 +322,14 @@ def _figures(data: dict[str, Any], img: Path) -> dict[str, Path]:
         for path in compare_plots(data["compare"], img, prefix="bench-compare"):
             stem = path.stem.removeprefix("bench-compare-")
             out[keys.get(stem, stem)] = path
+    if data.get("goodput"):
+        from loadtest.goodput import write_plots
+
+        for res, path in zip(data["goodput"], write_plots(data["goodput"],
+                                                          str(img / "bench-goodput.png")),
+                             strict=True):
+            res["plot"] = f"img/{path.name}"
+            out[f"goodput-{path.stem}"] = path
     sim = data.get("simulate") or {}
     for part in sim.get("workloads", []):
         w = part["workload"]

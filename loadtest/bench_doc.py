@@ -123,8 +123,10 @@ def _compare_section(cmp_: Mapping[str, Any], figures: Mapping[str, Any],
         "clients send `X-Prefix-Hash` from `router.client.hash_key` (its ring hashes "
         "`host:port`, and the fleet's ports are ephemeral, so which prompts share a replica - "
         "and nginx's balance - changes from run to run); `sglang-*` = sglang-router "
-        f"{versions.get('sglang-router', '(not installed)')}; `-xN` = N processes of that "
-        "router behind a round-robin TCP splitter (next section).\n",
+        f"{versions.get('sglang-router', '(not installed)')}, `smg-*` = smg "
+        f"{versions.get('smg', '(not installed)')}, `vllm-*` = vllm-router "
+        f"{versions.get('vllm-router', '(not installed)')}, each with the named policy; "
+        "`-xN` = N processes of that router behind a round-robin TCP splitter (next section).\n",
         "Fleet and load: the KV cache is deliberately small (one replica cannot hold every "
         "shared prefix of a workload, as on a real GPU) and the timing model charges every "
         f"uncached prompt token ({_step_cost(cmp_)}, divided by *speed*), so misses show up "
@@ -302,9 +304,10 @@ def _footer() -> list[str]:
         "prefix-loadtest overhead --out /tmp/overhead.json",
         "```",
         "",
-        "Raw results (every summary, TTFT samples): `build/bench/bench.json`. sglang-router "
-        "comes from the optional extra `pip install 'prefix-router[compare]'`; without it its "
-        "rows are skipped with a note.",
+        "Raw results (every summary, TTFT samples): `build/bench/bench.json`. The peer "
+        "routers (sglang-router, smg, vllm-router) come from the optional extra `pip install "
+        "'prefix-router[compare]'` (pinned versions; `make install` includes it); without one "
+        "its rows are skipped with a note.",
     ]
 
 

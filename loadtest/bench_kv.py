@@ -14,7 +14,9 @@ replica publishing KV events - for every setup, so they all pay the publisher's 
 - three `make bench` cells: shared-prefix, multi-turn, rag (`loadtest.cells.WORKLOADS`).
 
 Setups, each in front of a fresh fleet: ``router-cache_aware+kv`` (precise), ``router-
-cache_aware`` (approximate), ``router-prefix``, ``router-round_robin``, ``sglang-cache_aware``;
+cache_aware`` (approximate), ``router-prefix``, ``router-round_robin``, ``sglang-cache_aware``,
+``vllm-kv_aware`` (vllm-router subscribed to every replica's KV events) and ``smg-cache_aware``
+(its event-driven index needs gRPC workers, so over HTTP it is its approximate tree);
 on cache-pressure also 1, 2 and 4 precise router processes behind the round-robin splitter, 2
 and 4 of them sharing in-flight state (``+peers``: ``routing.peers`` over ipc sockets) and
 sglang-router x2. Per run: the fleet's own hit rate (token counters), the client's TTFT, the
@@ -69,7 +71,7 @@ BLOCK = "kv-events"
 # `--requests N --block STEADY_BLOCK`: a longer cache-pressure run, kept beside the default one
 STEADY_BLOCK = "kv-events-steady"
 SETUPS = ("router-cache_aware+kv", "router-cache_aware", "router-prefix", "router-round_robin",
-          "sglang-cache_aware")
+          "sglang-cache_aware", "vllm-kv_aware", "smg-cache_aware")
 SPLIT = ("router-cache_aware-x1+kv", "router-cache_aware-x2+kv", "router-cache_aware-x4+kv",
          "router-cache_aware-x2+kv+peers", "router-cache_aware-x4+kv+peers",
          "sglang-cache_aware-x2")
@@ -266,6 +268,13 @@ def verdicts(data: dict[str, Any]) -> list[str]:
                            f"points vs one (target: within 1: "
                            f"{'met' if abs(d) <= 1 else 'not met'}), TTFT p90 "
                            f"{_ms(many['ttft']['p90'])} vs {_ms(one['ttft']['p90'])} ms.")
+    vk = cp.get("vllm-kv_aware")
+    if precise and vk:  # issue 37: against vllm-router's own KV-event routing
+        ratio = precise["ttft"]["p90"] / vk["ttft"]["p90"]
+        gain = (precise["hit_rate"] - vk["hit_rate"]) * 100
+        out.append(f"- cache-pressure: precise TTFT p90 {ratio:.2f}x vllm-router kv_aware's "
+                   f"(target <= 0.7: {'met' if ratio <= 0.7 else 'not met'}), hit rate "
+                   f"{gain:+.1f} points (target >= -0.5: {'met' if gain >= -0.5 else 'not met'}).")
     sg2 = cp.get("sglang-cache_aware-x2")
     if sg and sg2:
         out.append(f"- sglang-router x2: hit rate {(sg2['hit_rate'] - sg['hit_rate']) * 100:+.1f} "

@@ -30,6 +30,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "run": Subcommand("loadtest.runner", "drive a workload against a router or replicas"),
     "compare": Subcommand("loadtest.compare", "compare routers on the same workload"),
     "overhead": Subcommand("loadtest.overhead", "measure the router's per-request overhead"),
+    "goodput": Subcommand("loadtest.goodput", "the highest request rate each setup serves "
+                          "within a TTFT SLO"),
     "simulate": Subcommand("loadtest.simulate", "discrete-event simulation of a routed fleet"),
 }
 

@@ -125,7 +125,7 @@ def _versions() -> dict[str, str]:
     from importlib import metadata
 
     out = {}
-    for pkg in ("sglang-router", "vllm-router", "aiohttp", "uvicorn"):
+    for pkg in ("sglang-router", "smg", "vllm-router", "aiohttp", "uvicorn"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:

@@ -178,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--setup", action="append", default=None,
                    help="repeatable; default: the router's default policy, cache_aware, "
                         "router-prefix, router-round_robin, sglang-cache_aware")
+    p.add_argument("--replicas", action="append", type=int, default=None,
+                   help="fleet sizes of RUNS to run (repeatable; default: every one)")
     p.add_argument("--out", help="JSON results")
     p.add_argument("--markdown", help="markdown table (default: stdout)")
     p.add_argument("--from-json", metavar="JSON", help="only render a saved --out file")
@@ -186,7 +188,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = json.loads(Path(args.from_json).read_text())
     else:
         with tempfile.TemporaryDirectory(prefix="heldout-") as tmp:
-            results = run(args.seed, args.setup or default_setups(), args.requests, Path(tmp))
+            runs = [r for r in RUNS if not args.replicas or r[0] in args.replicas]
+            if not runs:
+                p.error(f"--replicas: expected one of {', '.join(str(r[0]) for r in RUNS)}")
+            results = run(args.seed, args.setup or default_setups(), args.requests, Path(tmp),
+                          runs)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     md = markdown(results)

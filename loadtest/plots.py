@@ -4,6 +4,8 @@
   (log x), fleet prefix-cache hit rate per setup, requests per replica per setup (grouped bars;
   a flat group is an even load). Returns the written paths.
 * `simulate_plot(results, path)`: hit rate and TTFT p50/p99 per policy of a simulate run.
+* `goodput_plot(result, path)`: TTFT p99 against the request rate per replica, one line per
+  setup (a failed step as an x), the SLO as a horizontal line (`loadtest.goodput`).
 
 Inputs are the JSON dicts compare/simulate write, so figures can be redrawn from saved results.
 Cost: one matplotlib figure per call; dominated by PNG encoding (~0.2 s each).
@@ -22,7 +24,7 @@ import matplotlib.pyplot as plt  # after use("Agg"): the backend must be chosen 
 
 from loadtest.report import slug
 
-__all__ = ["compare_plots", "simulate_plot"]
+__all__ = ["compare_plots", "goodput_plot", "simulate_plot"]
 
 
 def _ttft_cdf(ax: Any, ttft: Mapping[str, Sequence[float]]) -> None:
@@ -110,5 +112,34 @@ def simulate_plot(results: Sequence[Mapping[str, Any]], path: Path, title: str =
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def goodput_plot(result: Mapping[str, Any], path: Path) -> Path:
+    """One goodput cell (`loadtest.goodput.measure`'s JSON): TTFT p99 against rate per setup."""
+    n = result["replicas"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, s in result["setups"].items():
+        ok = [(st["rate"] / n, st["ttft_p99"] * 1000) for st in s["steps"]
+              if st["ttft_p99"] is not None and not st["errors"]]
+        bad = [(st["rate"] / n, st["ttft_p99"] * 1000 if st["ttft_p99"] is not None
+                else result["slo"] * 1000) for st in s["steps"]
+               if st["errors"] or st["ttft_p99"] is None]
+        line = ax.plot([x for x, _ in ok], [y for _, y in ok], marker="o", label=name)
+        if bad:
+            ax.scatter([x for x, _ in bad], [y for _, y in bad], marker="x", s=60,
+                       color=line[0].get_color() if line else None)
+    ax.axhline(result["slo"] * 1000, color="black", linestyle=":", label="SLO")
+    ax.set_yscale("log")
+    ax.set_xlabel("request rate (requests/s per replica)")
+    ax.set_ylabel("TTFT p99 (ms, log)")
+    ax.set_title(f"goodput: {result['workload']['name']}, {n} replicas "
+                 f"(x: a step with errors)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -11,6 +11,9 @@ the PID it started, waits, then SIGKILLs. Every listener binds 127.0.0.1 only.
   endpoints from the fleet: ``(name, url, events, replay)`` replicas, topic ``kv``);
   ``router-<policy>+peers`` turns ``routing.peers`` on; behind the splitter (``-x<N>+peers``)
   every process binds an ``ipc://`` socket in ``workdir`` and subscribes to the others';
+  ``router-<policy>-w<N>`` is one process of N workers (``workers: N``; they share their
+  routing state by default), ``+noshare`` sets ``routing.peers.siblings: false`` (they share
+  nothing);
   ``router-<policy>+tracing`` turns `tracing` on, exporting to a `loadtest.otlp_sink` process
   the setup starts and stops with it (its CPU is not the router's);
   ``router-<policy>@<dir>`` runs the ``router`` package found in ``<dir>`` (another commit's
@@ -23,7 +26,11 @@ the PID it started, waits, then SIGKILLs. Every listener binds 127.0.0.1 only.
   its workers are registered, so ready = ``GET /workers`` lists every replica. Its tokenizer
   comes from the ``model_path`` each worker's ``/server_info`` reports (start the fleet with
   ``--model-path`` = `tiny_tokenizer_dir`).
-* ``vllm-<policy>``: the ``vllm-router`` binary; same readiness rule.
+* ``smg-<policy>``: ``smg launch`` (smg, the SGLang model gateway's successor); same readiness
+  rule.
+* ``vllm-<policy>``: the ``vllm-router`` binary; same readiness rule. ``vllm-kv_aware`` is fed
+  by the fleet's KV events: ``--kv-event-source URL=ENDPOINT`` (and ``--kv-event-replay-source``)
+  per replica, so the fleet must publish them (``(name, url, events, replay)`` replicas).
 * ``direct``: no router, the first replica (overhead baseline).
 * ``passthrough``: `loadtest.passthrough` in front of the first replica - uvicorn + aiohttp with
   no routing, the floor of the router's own stack; ready when ``GET /health`` passes through.
@@ -74,8 +81,9 @@ __all__ = [
 ]
 
 KEY_HEADER = "X-Prefix-Hash"
-KINDS = ("router", "nginx", "sglang", "vllm", "direct", "passthrough")
-SPLIT_KINDS = ("router", "sglang", "vllm")  # may run as several processes behind the splitter
+KINDS = ("router", "nginx", "sglang", "smg", "vllm", "direct", "passthrough")
+# may run as several processes behind the splitter
+SPLIT_KINDS = ("router", "sglang", "smg", "vllm")
 # (name, url), or (name, url, KV-event endpoint, replay endpoint) for a fleet publishing events
 Replica = tuple[str, ...]
 
@@ -93,6 +101,8 @@ class Setup:
     source: str | None = None  # router only: a directory holding the router package to run
     kv: bool = False  # router only: routing.kv_events on (precise routing from KV events)
     peers: bool = False  # router only: routing.peers on (in-flight state shared between -xN)
+    workers: int | None = None  # router only: `serve --workers N` (one process, N workers)
+    noshare: bool = False  # router only: routing.peers.siblings off (workers share nothing)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -103,13 +113,18 @@ class Setup:
                                  "several processes")
             if self.processes < 1:
                 raise ValueError(f"setup processes: expected >= 1, got {self.processes}")
-        if (self.tracing or self.source or self.kv or self.peers) and self.kind != "router":
-            raise ValueError(f"setup {self.kind}: +tracing, +kv, +peers and @source are router "
-                             "variants")
+        if (self.tracing or self.source or self.kv or self.peers or self.workers is not None
+                or self.noshare) and self.kind != "router":
+            raise ValueError(f"setup {self.kind}: -w<N>, +tracing, +kv, +peers, +noshare and "
+                             "@source are router variants")
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"setup workers: expected >= 1, got {self.workers}")
 
     @property
     def name(self) -> str:
         name = f"{self.kind}-{self.policy}" if self.policy else self.kind
+        if self.workers is not None:
+            name += f"-w{self.workers}"
         if self.processes is not None:
             name += f"-x{self.processes}"
         if self.tracing:
@@ -118,6 +133,8 @@ class Setup:
             name += "+kv"
         if self.peers:
             name += "+peers"
+        if self.noshare:
+            name += "+noshare"
         if self.source:
             name += "@" + Path(self.source).name
         return name
@@ -126,7 +143,7 @@ class Setup:
     def single(self) -> Setup:
         """One process of this setup, without the splitter."""
         return Setup(self.kind, self.policy, tracing=self.tracing, source=self.source, kv=self.kv,
-                     peers=self.peers)
+                     peers=self.peers, workers=self.workers, noshare=self.noshare)
 
     @property
     def prefix_hash_header(self) -> str | None:
@@ -138,29 +155,45 @@ class Setup:
             return "nginx is not installed"
         if self.kind == "sglang" and importlib.util.find_spec("sglang_router") is None:
             return "sglang-router is not installed (pip install 'prefix-router[compare]')"
-        if self.kind == "vllm" and shutil.which("vllm-router") is None:
+        if self.kind == "smg" and _binary("smg") is None:
+            return "smg is not installed (pip install 'prefix-router[compare]')"
+        if self.kind == "vllm" and _binary("vllm-router") is None:
             return "vllm-router is not installed (pip install 'prefix-router[compare]')"
         return None
 
 
 _PROCESSES = re.compile(r"-x(\d+)$")
+_WORKERS = re.compile(r"-w(\d+)$")
+VARIANTS = ("tracing", "kv", "peers", "noshare")
 
 
 def parse_setup(text: str) -> Setup:
     """``router-prefix`` / ``nginx`` / ``sglang-cache_aware`` / ``vllm-consistent_hash``;
-    a ``-x<N>`` suffix: N processes behind the splitter (``router-cache_aware-x2``); then the
-    router variants ``+tracing`` and ``@/path/to/tree`` (``router-prefix-x2+tracing@/tmp/t``)."""
+    a ``-x<N>`` suffix: N processes behind the splitter (``router-cache_aware-x2``), before it
+    a router's ``-w<N>``: one process with N workers (``router-cache_aware-w2``); then the
+    router variants ``+tracing``, ``+kv``, ``+peers``, ``+noshare`` (the workers share
+    nothing) and ``@/path/to/tree`` (``router-prefix-x2+tracing@/tmp/t``)."""
     text, _, source = text.partition("@")
     text, *variants = text.split("+")
-    if any(v not in ("tracing", "kv", "peers") for v in variants):
-        raise ValueError(f"setup variant: expected +tracing, +kv or +peers, got "
+    if any(v not in VARIANTS for v in variants):
+        raise ValueError(f"setup variant: expected one of +{', +'.join(VARIANTS)}, got "
                          f"{text}+{'+'.join(variants)}")
-    processes = None
+    processes = workers = None
     if m := _PROCESSES.search(text):
         processes, text = int(m.group(1)), text[: m.start()]
+    if m := _WORKERS.search(text):
+        workers, text = int(m.group(1)), text[: m.start()]
     kind, _, policy = text.partition("-")
     return Setup(kind, policy, processes, tracing="tracing" in variants, source=source or None,
-                 kv="kv" in variants, peers="peers" in variants)
+                 kv="kv" in variants, peers="peers" in variants, workers=workers,
+                 noshare="noshare" in variants)
+
+
+def _binary(name: str) -> str | None:
+    """A console script of this environment (its bin/ first: `make bench` runs the venv's
+    python without activating it), else one on the PATH."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return shutil.which(name, path=path)
 
 
 def _nginx_binary() -> str | None:
@@ -324,6 +357,10 @@ def _launch_router(setup: Setup, replicas: Sequence[Replica], workdir: Path, por
             entry["kv_replay_endpoint"] = r[3]
         settings["routing"]["kv_events"] = {"enabled": True,  # type: ignore[index]
                                             "topic": "kv"}
+    if setup.workers is not None:
+        settings["workers"] = setup.workers
+    if setup.noshare:
+        settings["routing"]["peers"] = {"siblings": False}  # type: ignore[index]
     if setup.peers:
         bind, others = peers or (f"ipc://{workdir.resolve()}/peer.sock", ())
         settings["routing"]["peers"] = {"enabled": True, "bind": bind,  # type: ignore[index]
@@ -381,19 +418,39 @@ def _launch_rust(setup: Setup, replicas: Sequence[Replica], workdir: Path, port:
                  log: Path) -> Launched:
     if setup.kind == "sglang":
         argv = [sys.executable, "-m", "sglang_router.launch_router", "--log-level", "warn"]
+    elif setup.kind == "smg":
+        binary = _binary("smg")
+        assert binary is not None
+        argv = [binary, "launch", "--log-level", "warn"]
     else:
-        binary = shutil.which("vllm-router")
+        binary = _binary("vllm-router")
         assert binary is not None
         argv = [binary, "--log-level", "warning"]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
              "--prometheus-port", str(free_port()), "--policy", setup.policy or "cache_aware",
              "--worker-startup-check-interval", "1",
              "--worker-urls", *[r[1] for r in replicas]]
+    if setup.kind == "vllm" and setup.policy == "kv_aware":
+        argv += _vllm_kv_sources(setup, replicas)
     env = {**os.environ, "RUST_LOG": "warn"}
     proc = _spawn(argv, log, env=env, cwd=workdir)
     launched = Launched(setup, f"http://127.0.0.1:{port}", proc, log)
     _wait(launched, lambda: _workers_ready(launched.url, len(replicas)), 60.0)
     return launched
+
+
+def _vllm_kv_sources(setup: Setup, replicas: Sequence[Replica]) -> list[str]:
+    """vllm-router ``kv_aware``: each replica's KV-event PUB endpoint (and its replay one), the
+    fleet's block size."""
+    if any(len(r) < 4 or not r[2] for r in replicas):
+        raise SetupError(f"{setup.name}: the fleet publishes no KV events (start it with "
+                         "kv_events_config)")
+    out = []
+    for r in replicas:
+        out += ["--kv-event-source", f"{r[1]}={r[2]}"]
+        if r[3]:
+            out += ["--kv-event-replay-source", f"{r[1]}={r[3]}"]
+    return out + ["--kv-event-block-size", "16", "--kv-event-model", "sim-model"]
 
 
 def launch(setup: Setup, replicas: Sequence[Replica], workdir: Path,

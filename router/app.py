@@ -20,8 +20,9 @@ sizes, connection caps) are enforced below this app by `router.limits`, through 
 Lifespan: startup creates the upstream pool of the proxied requests (`router.upstream`) and the
 aiohttp sessions (/v1/models fan-out, control plane), starts the KV-event subscribers when
 `routing.kv_events` is on (`router.kv_events`: one SUB loop per replica, which follow every
-membership and health change) and the peer transport when `routing.peers` is on
-(`router.peers.service`: a PUB socket, a SUB socket to the other router processes, a heartbeat),
+membership and health change) and the peer transport when `routing.peers` is on or the app is
+one of several `--workers` (`router.peers.service`: a PUB socket, a SUB socket to the other
+router processes or sibling workers, a heartbeat),
 publishes the static membership at once, then starts discovery,
 health probes, the load scrape and the optional admin listener as tasks; shutdown cancels and
 awaits them, stops the subscribers and the peer transport and closes the pool and the sessions.
@@ -31,7 +32,9 @@ Constructing a RouterApp starts nothing, so tests can build many.
 `uvicorn --workers N` processes get their configuration. Every worker computes the same routing
 decision for the same key and membership because the policy is a pure function of both (loads
 differ per worker: each counts its own in-flight requests plus the shared scraped gauges, and
-with `routing.peers` also the other workers' and processes' in-flight requests).
+the sibling workers' in-flight requests and served prompts over the peer transport - by default
+between the workers of one process (`Settings.workers_share`), with `routing.peers` also other
+processes').
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ from router.policy import Branch
 from router.proxy import Forwarder, Upstream, make_session
 from router.replicas import EndpointLike, ReplicaSet
 from router.routing import Routed, Router
-from router.settings import Settings, SettingsError, settings_from_env
+from router.settings import PEER_DIR_ENV, Settings, SettingsError, settings_from_env
 from router.upstream import UpstreamPool
 from router.usage import UsageTap
 
@@ -103,10 +106,12 @@ class RouterApp:
         else:
             self.router = Router(r, self.replicas)
         self.peers: PeerService | None = None
-        if r.peers.enabled:  # only then is the kv extra imported
+        # a worker of `serve --workers N`: its siblings' sockets are in the parent's directory
+        siblings = environ.get(PEER_DIR_ENV) if settings.workers_share else None
+        if r.peers.enabled or siblings:  # only then is the kv extra imported
             from router.peers.service import PeerService
 
-            self.peers = PeerService(settings, self.router, self.metrics)
+            self.peers = PeerService(settings, self.router, self.metrics, siblings=siblings)
         self.policy = self.router.policy
         self.pools = ModelPools()
         self.key_config = self.router.key_config

@@ -17,7 +17,10 @@ Configuration problems exit with status 2 and one line on stderr naming the key 
 Flags override the file (each validated like its YAML key). With `--workers N > 1` uvicorn
 spawns N processes that import `router.app:app_factory` and read the settings from the JSON file
 named by `SETTINGS_ENV` (in a private temporary directory); metrics are merged across them through prometheus_client's multiprocess mode
-(a private temporary directory, removed on exit).
+(a private temporary directory, removed on exit). The workers also share their routing state
+with each other by default (`Settings.workers_share`): the parent makes a ``peers`` directory
+there and names it in `PEER_DIR_ENV`; each worker claims a slot in it and binds an ``ipc://``
+peer socket there, subscribing to its siblings' (`router.peers.service`).
 """
 
 from __future__ import annotations
@@ -34,10 +37,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
 from router.settings import (
+    PEER_DIR_ENV,
     POLICIES,
     SETTINGS_ENV,
     Settings,
     SettingsError,
+    kv_installed,
     load_settings,
     write_settings_file,
 )
@@ -214,9 +219,19 @@ def run_uvicorn(settings: Settings) -> None:
     write_settings_file(settings, settings_file)
     os.environ[SETTINGS_ENV] = settings_file
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = prom_dir
+    if settings.workers_share:
+        if kv_installed():  # the workers find each other's sockets in here
+            peer_dir = os.path.join(tmp, "peers")
+            os.mkdir(peer_dir)
+            os.environ[PEER_DIR_ENV] = peer_dir
+        else:
+            print(f"{PROG}: warning: the {settings.workers} workers share no routing state "
+                  "(sibling peers need the kv extra: pip install 'prefix-router[kv]'); each "
+                  "keeps its own prefix index", file=sys.stderr)
     try:
         uvicorn.run("router.app:app_factory", factory=True, workers=settings.workers, **common)
     finally:
+        os.environ.pop(PEER_DIR_ENV, None)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -32,12 +32,16 @@ __all__ = [
     "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery",
     "KvEventsSettings", "LOG_LEVELS", "PeersSettings",
     "LimitsSettings", "Listen", "LoggingSettings", "POLICIES", "ProxySettings", "RINGS",
-    "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV", "ScrapeSettings", "Settings",
-    "SettingsError", "ShutdownSettings", "TracingSettings", "load_settings", "parse_backend",
-    "parse_size", "settings_from_env", "write_settings_file"
+    "PEER_DIR_ENV", "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV",
+    "ScrapeSettings", "Settings", "SettingsError", "ShutdownSettings", "TracingSettings",
+    "kv_installed", "load_settings", "parse_backend", "parse_size", "settings_from_env",
+    "write_settings_file"
 ]
 
 SETTINGS_ENV = "PREFIX_ROUTER_SETTINGS_FILE"
+# the directory in which the workers of one `serve --workers N` process claim their sibling
+# peer sockets (`Settings.workers_share`), handed to them by the parent like SETTINGS_ENV
+PEER_DIR_ENV = "PREFIX_ROUTER_PEER_DIR"
 
 POLICIES = ("prefix", "cache_aware", "round_robin", "least_loaded")
 RINGS = ("xxhash", "nginx")
@@ -321,7 +325,12 @@ class PeersSettings:
     headless Service), to each of its addresses at those ports, resolved every
     ``dns_interval`` seconds. ``heartbeat``: seconds between this process's hello messages;
     ``timeout``: a peer silent this long loses its mirrored attempts; ``ttl``: a mirrored
-    attempt ends by itself this long after its start."""
+    attempt ends by itself this long after its start.
+
+    ``siblings`` (on by default): while ``enabled`` is false, the workers of one
+    ``serve --workers N`` process (N > 1) still share their state with each other, over
+    ``ipc://`` sockets in the parent's private directory (`Settings.workers_share`); ``enabled:
+    true`` replaces that with the configuration above; ``siblings: false`` turns it off."""
 
     enabled: bool = False
     host: str = "127.0.0.1"
@@ -333,10 +342,12 @@ class PeersSettings:
     heartbeat: float = 1.0
     timeout: float = 5.0
     ttl: float = 30.0
+    siblings: bool = True
 
     @classmethod
     def parse(cls, r: _Reader) -> PeersSettings:
         s = cls(enabled=r.boolean("enabled", cls.enabled),
+                siblings=r.boolean("siblings", cls.siblings),
                 host=r.string("host", cls.host),
                 port=r.integer("port", cls.port, 1, 65535),
                 bind=r.check("bind", None, _ZMQ_DESC, _zmq_ok),
@@ -740,14 +751,22 @@ class Settings:
             d["discovery"]["type"] = "static"
         return Settings.from_dict(d)
 
+    @property
+    def workers_share(self) -> bool:
+        """Whether the ``workers`` processes share routing state among themselves by default
+        (sibling peers over ipc sockets): more than one worker, ``routing.peers.enabled`` false
+        (an explicit peer configuration wins) and ``routing.peers.siblings`` true."""
+        p = self.routing.peers
+        return self.workers > 1 and not p.enabled and p.siblings
+
     def check_runnable(self) -> None:
         """Cross-section checks that only matter when serving (not when rendering configs)."""
         if self.discovery.type == "static" and not self.replicas:
             raise SettingsError("replicas: static discovery needs at least one replica, got []")
-        if self.routing.kv_events.enabled and not _kv_installed():
+        if self.routing.kv_events.enabled and not kv_installed():
             raise SettingsError("routing.kv_events.enabled: true needs the kv extra "
                                 "(pip install 'prefix-router[kv]'), got True")
-        if self.routing.peers.enabled and not _kv_installed():
+        if self.routing.peers.enabled and not kv_installed():
             raise SettingsError("routing.peers.enabled: true needs the kv extra "
                                 "(pip install 'prefix-router[kv]'), got True")
         if self.tracing.enabled and not _otel_installed():
@@ -764,7 +783,7 @@ def _otel_installed() -> bool:
         return False
 
 
-def _kv_installed() -> bool:
+def kv_installed() -> bool:
     """Whether the `kv` extra's packages (pyzmq, msgpack) can be imported."""
     return all(importlib.util.find_spec(m) is not None for m in ("zmq", "msgpack"))
 

@@ -18,7 +18,7 @@ Without a valid ``traceparent`` the SERVER span is the root of a new trace. An i
 ``traceparent``/``tracestate`` is replaced upstream by the attempt's (W3C Trace Context only;
 other headers, ``baggage`` included, pass through untouched).
 
-Attribute names are API, listed in `ATTRIBUTES` (and in the README's table); they follow the OTel
+Attribute names are API, listed in `ATTRIBUTES` (and in docs/guide.md's table); they follow the OTel
 HTTP semantic conventions and the GenAI conventions where those define one, and use the
 ``prefix_router.`` namespace otherwise. Never recorded: prompt or completion text, headers,
 bodies; routing-key values (a prefix digest, a session id, the body's ``user``) only with

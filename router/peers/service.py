@@ -5,8 +5,13 @@
 
 - the **PUB socket**, bound at ``start`` (`bind_endpoints`: ``routing.peers.bind``, else
   ``tcp://<host>:<port>``; with ``workers`` > 1 the first free port of ``port .. port + workers
-  - 1``). `Outbox` (installed as ``router.outbox``) hands it every local attempt's start /
-  first byte / end as it happens: one encode and one non-blocking send on the event loop - a PUB
+  - 1``). A worker given ``siblings`` (the directory the parent of ``serve --workers N`` hands
+  out while ``routing.peers`` is off) instead claims the first free slot ``i`` of ``0 ..
+  workers - 1`` - an exclusive ``flock`` on ``<siblings>/<i>.lock``, held while the process
+  lives, so a worker uvicorn restarts takes the slot of the one that died - binds
+  ``ipc://<siblings>/<i>.sock`` and subscribes to the other slots' sockets only
+  (`sibling_endpoints`). `Outbox` (installed as ``router.outbox``) hands it every local
+  attempt's start / first byte / end as it happens: one encode and one non-blocking send on the event loop - a PUB
   socket never blocks, it drops messages for a subscriber past its high-water mark;
 - one **SUB socket** connected to every peer endpoint (`peer_endpoints`: ``endpoints``, the
   sibling workers' ports, and every address of ``dns`` at those ports, re-resolved every
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import secrets
@@ -52,7 +58,7 @@ from router.peers.wire import WireError, decode, encode
 from router.routing import Router
 from router.settings import PeersSettings, Settings
 
-__all__ = ["PeerService", "bind_endpoints", "peer_endpoints"]
+__all__ = ["PeerService", "bind_endpoints", "peer_endpoints", "sibling_endpoints"]
 
 log = logging.getLogger("prefix_router.peers")
 
@@ -92,12 +98,33 @@ def peer_endpoints(p: PeersSettings, workers: int, addresses: Iterable[str] = ()
     return out
 
 
+def sibling_endpoints(siblings: str, workers: int) -> list[str]:
+    """The ipc endpoint of each worker slot in the ``siblings`` directory, slot order."""
+    return [f"ipc://{os.path.join(siblings, f'{i}.sock')}" for i in range(workers)]
+
+
+def _claim_slot(siblings: str, workers: int) -> tuple[int, int]:
+    """The first slot of ``siblings`` no live process holds: (slot, the locked descriptor)."""
+    for i in range(workers):
+        fd = os.open(os.path.join(siblings, f"{i}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        return i, fd
+    raise RuntimeError(f"routing.peers: all {workers} sibling slots in {siblings} are taken")
+
+
 class PeerService:
     """See the module docstring."""
 
-    def __init__(self, settings: Settings, router: Router, metrics: RouterMetrics) -> None:
+    def __init__(self, settings: Settings, router: Router, metrics: RouterMetrics, *,
+                 siblings: str | None = None) -> None:
         self.settings = settings.routing.peers
         self.workers = settings.workers
+        self.siblings = siblings
+        self._slot_fd: int | None = None
         self.metrics = metrics
         self.me = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self._me = self.me.encode()
@@ -138,12 +165,18 @@ class PeerService:
     # -- lifespan ------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        candidates = bind_endpoints(self.settings, self.workers)
+        wanted: set[str] = set()
+        if self.siblings is not None:  # before any socket: a failed claim leaves nothing open
+            slot, self._slot_fd = _claim_slot(self.siblings, self.workers)
+            ends = sibling_endpoints(self.siblings, self.workers)
+            candidates, wanted = [ends[slot]], set(ends) - {ends[slot]}
         ctx = self._ctx = zmq.asyncio.Context()
         pub = ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.LINGER, 0)
         pub.setsockopt(zmq.SNDHWM, _HWM)
         errors = []
-        for endpoint in bind_endpoints(self.settings, self.workers):
+        for endpoint in candidates:
             try:
                 pub.bind(endpoint)
             except zmq.ZMQError as exc:
@@ -155,6 +188,7 @@ class PeerService:
             pub.close(0)
             ctx.destroy(0)
             self._ctx = None
+            self._release_slot()
             raise RuntimeError("routing.peers: cannot bind the peer socket (" +
                                "; ".join(errors) + ")")
         self._pub = zmq.Socket.shadow(pub.underlying)
@@ -164,13 +198,15 @@ class PeerService:
         sub.setsockopt(zmq.RCVHWM, _HWM)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         self._sync = zmq.Socket.shadow(sub.underlying)
-        self._connect(peer_endpoints(self.settings, self.workers, (), self.bound))
+        self._connect(wanted if self.siblings is not None
+                      else peer_endpoints(self.settings, self.workers, (), self.bound))
         log.info("peers: %s publishing on %s, subscribed to %d endpoint(s)%s", self.me,
                  self.bound, len(self.connected),
-                 f" and the addresses of {self.settings.dns}" if self.settings.dns else "")
+                 f" and the addresses of {self.settings.dns}"
+                 if self.settings.dns and self.siblings is None else "")
         self._tasks = [asyncio.create_task(self._receive(), name="peers-receive"),
                        asyncio.create_task(self._heartbeat(), name="peers-heartbeat")]
-        if self.settings.dns:
+        if self.settings.dns and self.siblings is None:
             self._tasks.append(asyncio.create_task(self._resolve(), name="peers-dns"))
 
     async def stop(self) -> None:
@@ -187,6 +223,12 @@ class PeerService:
             self._ctx = None
         self._sub = None
         self.connected = set()
+        self._release_slot()
+
+    def _release_slot(self) -> None:
+        if self._slot_fd is not None:
+            os.close(self._slot_fd)  # drops the flock: a later worker may take the slot
+            self._slot_fd = None
 
     # -- subscriptions -------------------------------------------------------------------------
 

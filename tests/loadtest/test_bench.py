@@ -25,7 +25,8 @@ def test_setups_follow_the_router_policies(monkeypatch: pytest.MonkeyPatch) -> N
 
     assert bench.setups()[0] == f"router-{rs.RoutingSettings.policy}"  # the default first
     assert {f"router-{p}" for p in rs.POLICIES} <= set(bench.setups())
-    assert {"nginx", "sglang-cache_aware", "sglang-round_robin"} <= set(bench.setups())
+    assert {"nginx", "sglang-cache_aware", "sglang-round_robin", "smg-cache_aware",
+            "vllm-cache_aware", "vllm-consistent_hash", "vllm-power_of_two"} <= set(bench.setups())
     # a policy the router gains is benchmarked, and several processes of it measured
     monkeypatch.setattr(rs, "POLICIES", tuple(p for p in rs.POLICIES if p != "cache_aware"))
     monkeypatch.setattr(rs.RoutingSettings, "policy", "prefix")
@@ -33,7 +34,8 @@ def test_setups_follow_the_router_policies(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(rs, "POLICIES", (*rs.POLICIES, "cache_aware"))
     assert "router-cache_aware" in bench.setups()
     assert bench.split_setups() == ["router-cache_aware-x1", "router-cache_aware-x2",
-                                    "router-cache_aware-x4", "sglang-cache_aware-x2"]
+                                    "router-cache_aware-x4", "sglang-cache_aware-x2",
+                                    "vllm-cache_aware-x2"]
     assert bench.judged() == ["router-prefix", "router-cache_aware"]  # the candidate too
     # ... and the targets judge whichever is the default
     monkeypatch.setattr(rs.RoutingSettings, "policy", "cache_aware")
@@ -128,3 +130,27 @@ def test_bounds_of_a_cell_from_its_requests(tmp_path: Any) -> None:
     assert b["at_target"]["hit_rate"] <= b["infinite"]["hit_rate"]
     assert b["ceiling"]["hit_rate"] <= b["opt"]["hit_rate"] <= b["infinite"]["hit_rate"]
     assert 0 < b["at_target"]["hit_rate"] < 1
+
+
+def test_render_only_writes_the_goodput_block(tmp_path: Any) -> None:
+    # make bench's part 4: the saved goodput results become the doc's goodput block and a plot
+    import json
+
+    step = {"rate": 10.0, "ttft_p99": 0.4, "ttft_p50": 0.1, "errors": 0, "requests": 16,
+            "hit_rate": 0.7}
+    res = {"workload": {"name": "multi-turn"}, "replicas": 4, "slo": 1.0, "rates": [10.0, 12.5],
+           "duration": 8.0, "seed": 0, "machine": {"commit": "abc"}, "failed": {},
+           "setups": {"router-cache_aware": {
+               "goodput": 10.0, "goodput_per_replica": 2.5, "ceiling": False,
+               "steps": [step, {**step, "rate": 12.5, "ttft_p99": 1.5}]}}}
+    (tmp_path / "bench.json").write_text(json.dumps({"machine": {}, "timings": {},
+                                                     "goodput": [res]}))
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# old\n\n<!-- goodput:begin -->\nstale\n<!-- goodput:end -->\n")
+    assert bench.main(["--render-only", "--json-dir", str(tmp_path), "--doc", str(doc),
+                       "--img", str(tmp_path / "img")]) == 0
+    text = doc.read_text()
+    assert "stale" not in text and text.count("<!-- goodput:begin -->") == 1
+    assert "| router-cache_aware | 2.50 | 400, 1500 | 70.0% |" in text
+    assert "(img/bench-goodput-multi-turn-4.png)" in text
+    assert (tmp_path / "img" / "bench-goodput-multi-turn-4.png").exists()

@@ -38,7 +38,7 @@ def test_router_branches_parse() -> None:
 
 def test_missing_software_is_skipped_with_its_reason(monkeypatch: pytest.MonkeyPatch,
                                                      tmp_path: Path) -> None:
-    monkeypatch.setattr("loadtest.setups.shutil.which", lambda name: None)
+    monkeypatch.setattr("loadtest.setups.shutil.which", lambda name, **_: None)
     plan = Plan("http://unused", rate=10.0, max_requests=1)
     res = compare({"w": ([], {"name": "w"})}, [Setup("vllm", "consistent_hash")], plan,
                   FleetParams(replicas=1), tmp_path, log=lambda _m: None)
@@ -142,6 +142,25 @@ def test_parse_setup_with_processes() -> None:
     for bad in ("nginx-x2", "router-prefix-x0", "sglang-cache_aware-x2+peers"):
         with pytest.raises(ValueError):
             parse_setup(bad)
+
+
+@pytest.mark.parametrize(("text", "workers", "noshare", "kind"), [
+    ("router-cache_aware-w2", 2, False, "router"),           # one process, two workers
+    ("router-cache_aware-w4+noshare", 4, True, "router"),    # ... sharing nothing
+    ("smg-cache_aware", None, False, "smg"),                 # the peer routers
+    ("vllm-kv_aware", None, False, "vllm"),
+])
+def test_parse_setup_workers_and_peers(text: str, workers: int | None, noshare: bool,
+                                       kind: str) -> None:
+    s = parse_setup(text)
+    assert (s.kind, s.workers, s.noshare, s.name) == (kind, workers, noshare, text)
+
+
+@pytest.mark.parametrize("bad", ["sglang-cache_aware-w2", "router-cache_aware-w0",
+                                 "smg-cache_aware+noshare", "router-prefix+shared"])
+def test_parse_setup_rejects(bad: str) -> None:
+    with pytest.raises(ValueError):
+        parse_setup(bad)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ import zmq.asyncio
 from loadtest._net import quiet_port
 from router.discovery.base import Endpoint
 from router.metrics import RouterMetrics
-from router.peers.service import PeerService, bind_endpoints, peer_endpoints
+from router.peers.service import PeerService, bind_endpoints, peer_endpoints, sibling_endpoints
 from router.replicas import ReplicaSet
 from router.routing import Router
 from router.settings import PeersSettings, Settings
@@ -212,5 +212,45 @@ def test_a_taken_port_range_fails_start_up() -> None:
                 await b.start()
         finally:
             await a.stop()
+
+    asyncio.run(run())
+
+
+def test_sibling_workers_claim_a_slot_each_and_subscribe_to_the_others(tmp_path: Path) -> None:
+    # the workers of `serve --workers 2` without routing.peers: ipc sockets in the parent's
+    # directory; a third process finds no slot; a slot freed by a stopped worker is taken again
+    settings = Settings.from_dict({
+        "workers": 2,
+        "replicas": [{"name": f"r{i}", "url": f"http://127.0.0.1:{9100 + i}"} for i in range(4)],
+        "routing": {"policy": "cache_aware", "peers": {"heartbeat": 0.05, "timeout": 0.5}}})
+    assert settings.workers_share
+    ends = sibling_endpoints(str(tmp_path), 2)
+    assert ends == [f"ipc://{tmp_path}/0.sock", f"ipc://{tmp_path}/1.sock"]
+
+    def make() -> PeerService:
+        rs = ReplicaSet([Endpoint(r.name, r.url) for r in settings.replicas])
+        return PeerService(settings, Router(settings.routing, rs), RouterMetrics(),
+                           siblings=str(tmp_path))
+
+    a, b, c = make(), make(), make()
+
+    async def run() -> None:
+        try:
+            await a.start()
+            await b.start()
+            assert (a.bound, a.connected) == (ends[0], {ends[1]})
+            assert (b.bound, b.connected) == (ends[1], {ends[0]})
+            await until(lambda: a.me in b.state.peers() and b.me in a.state.peers(),
+                        "the siblings to hear each other")
+            with pytest.raises(RuntimeError, match=r"sibling slots .* are taken"):
+                await c.start()
+            assert c._ctx is None  # nothing was opened for the failed claim
+            await a.stop()
+            await c.start()  # a restarted worker takes the slot the stopped one left
+            assert c.bound == ends[0]
+            await until(lambda: c.me in b.state.peers(), "B to hear the new worker")
+        finally:
+            for s in (a, b, c):
+                await s.stop()
 
     asyncio.run(run())

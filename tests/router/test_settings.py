@@ -251,8 +251,20 @@ def test_peers_defaults_and_a_full_section() -> None:
     assert Settings.from_dict(json.loads(s.to_json())) == s  # reaches uvicorn workers intact
 
 
+@pytest.mark.parametrize(("workers", "peers", "shared"), [
+    (1, {}, False),                                  # one worker: nobody to share with
+    (2, {}, True),                                   # the default for --workers N
+    (4, {"siblings": False}, False),                 # turned off
+    (2, {"enabled": True, "port": 6000}, False),     # an explicit peer configuration wins
+])
+def test_workers_share_by_default(workers: int, peers: dict[str, Any], shared: bool) -> None:
+    s = Settings.from_dict({"replicas": ONE, "workers": workers, "routing": {"peers": peers}})
+    assert s.workers_share is shared
+    assert Settings.from_dict(json.loads(s.to_json())).workers_share is shared  # in the workers
+
+
 def test_peers_need_the_kv_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     s = Settings.from_dict({"replicas": ONE, "routing": {"peers": {"enabled": True}}})
-    monkeypatch.setattr("router.settings._kv_installed", lambda: False)
+    monkeypatch.setattr("router.settings.kv_installed", lambda: False)
     with pytest.raises(SettingsError, match=r"routing.peers.enabled: true needs the kv extra"):
         s.check_runnable()
