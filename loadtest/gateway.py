@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import queue
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,8 +45,8 @@ from router.epp.server import EppServer
 from router.epp.wire import DESTINATION, SERVED, SUBSET, SUBSET_NAMESPACE
 from router.settings import Settings
 
-__all__ = ["EppThread", "ExtProcStream", "Gateway", "Picked", "body_message", "headers_message",
-           "response_headers_message"]
+__all__ = ["BUFFERED", "FULL_DUPLEX", "EppThread", "ExtProcStream", "Gateway", "Picked", "ask",
+           "body_message", "endpoints_of", "headers_message", "response_headers_message"]
 
 FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
 BUFFERED = ProcessingMode.BUFFERED
@@ -163,6 +165,7 @@ class Picked:
     status: int | None = None  # an immediate response's status
     error: dict[str, Any] | None = None  # its JSON body
     answers: list[ProcessingResponse] = field(default_factory=list)
+    seconds: float = 0.0  # from the first message sent to the answer naming the endpoints
 
 
 def ask(stream: ExtProcStream, path: str, body: bytes | None, *, mode: int = FULL_DUPLEX,
@@ -170,14 +173,14 @@ def ask(stream: ExtProcStream, path: str, body: bytes | None, *, mode: int = FUL
         extra: Sequence[tuple[str, str]] = (), response_mode: int = FULL_DUPLEX,
         send_mode: bool = True) -> Picked:
     """The request phase of one request, as Envoy drives it in ``mode``."""
-    import json
-
     picked = Picked()
+    t0 = time.perf_counter()
     stream.send(headers_message(path, body, mode=mode if send_mode else None,
                                 response_mode=response_mode, subset=subset, extra=extra))
 
     def take() -> ProcessingResponse | None:
         answer = stream.recv()
+        picked.seconds = time.perf_counter() - t0
         if answer is not None:
             picked.answers.append(answer)
             if answer.HasField("immediate_response"):
@@ -208,6 +211,7 @@ def ask(stream: ExtProcStream, path: str, body: bytes | None, *, mode: int = FUL
     if answer is None:
         return picked
     picked.endpoints, picked.metadata = endpoints_of(answer)
+    seconds = picked.seconds
     while True:
         echoed = take()
         if echoed is None:
@@ -216,6 +220,7 @@ def ask(stream: ExtProcStream, path: str, body: bytes | None, *, mode: int = FUL
         picked.body += streamed.body
         if streamed.end_of_stream:
             break
+    picked.seconds = seconds
     return picked
 
 

@@ -1,0 +1,185 @@
+"""`python -m loadtest.bench_epp`: the same requests through ``serve`` and through the endpoint
+picker, on the same simulated fleet, side by side -> the table in docs/gateway.md.
+
+For each setup, in this order: a fresh simulated fleet (cold caches, same parameters); the
+setup as a subprocess (``prefix-router serve`` on a port, or ``prefix-router epp`` with its
+admin listener); the workload's requests in arrival order, one at a time (so both setups see
+the same sequence of states and the comparison measures routing, not scheduling noise); the
+replicas' ``vllm:prefix_cache_*`` counters scraped before and after (the fleet's token hit
+rate, `loadtest.stats.fleet_hit_rate`); the setup's own CPU time (utime + stime from
+/proc/PID/stat) before and after, divided by the requests.
+
+Through the EPP every request is what an Envoy gateway does (`loadtest.gateway.Gateway`): the
+request phase over ext_proc in the chosen body mode, the request to the first endpoint named,
+the response fed back through the response phase. The decision latency is the gateway's view:
+from its first ext_proc message to the answer that names the endpoints (the body upload over
+gRPC included), p50/p99 over the requests.
+
+Bounded: ``--requests`` (default 300) per setup, every stream and HTTP call with a deadline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import httpx
+
+from loadtest._net import quiet_port
+from loadtest.fleet import Fleet
+from loadtest.gateway import BUFFERED, FULL_DUPLEX, Gateway
+from loadtest.stats import fleet_hit_rate, parse_prometheus, summarize
+from loadtest.workloads import Request, WorkloadSpec, generate
+
+__all__ = ["main", "run"]
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
+
+
+def _scrape(fleet: Fleet) -> dict[str, dict[str, float]]:
+    return {name: parse_prometheus(httpx.get(url + "/metrics", timeout=10).text)
+            for name, url in zip(fleet.names, fleet.urls, strict=True)}
+
+
+def _wait_http(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} not ready after {timeout}s")
+
+
+@contextlib.contextmanager
+def _process(argv: list[str], ready_url: str) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_http(ready_url)
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _backends(fleet: Fleet) -> list[str]:
+    out: list[str] = []
+    for name, url in zip(fleet.names, fleet.urls, strict=True):
+        out += ["--backend", f"{name}={url}"]
+    return out
+
+
+def _through_serve(fleet: Fleet, requests: Sequence[Request]) -> dict[str, Any]:
+    port = quiet_port()
+    argv = [sys.executable, "-m", "router", "serve", "--host", "127.0.0.1", "--port", str(port),
+            *_backends(fleet)]
+    with _process(argv, f"http://127.0.0.1:{port}/ready") as proc, \
+            httpx.Client(timeout=120) as http:
+        before, cpu0 = _scrape(fleet), _cpu_seconds(proc.pid)
+        failed = 0
+        for r in requests:
+            resp = http.post(f"http://127.0.0.1:{port}{r.path}", content=r.json_bytes(),
+                             headers={"content-type": "application/json"})
+            failed += resp.status_code != 200
+        cpu = _cpu_seconds(proc.pid) - cpu0
+        hit = fleet_hit_rate(before, _scrape(fleet))
+    return {"setup": "serve", "hit_rate": hit["fleet"], "failed": failed,
+            "cpu_ms_per_request": 1000 * cpu / len(requests)}
+
+
+def _through_epp(fleet: Fleet, requests: Sequence[Request], mode: int,
+                 response_phase: bool) -> dict[str, Any]:
+    port, admin = quiet_port(), quiet_port()
+    argv = [sys.executable, "-m", "router", "epp", "--host", "127.0.0.1", "--port", str(port),
+            "--admin-host", "127.0.0.1", "--admin-port", str(admin), *_backends(fleet)]
+    with _process(argv, f"http://127.0.0.1:{admin}/ready") as proc:
+        gw = Gateway(port, mode=mode, response_phase=response_phase)
+        try:
+            before, cpu0 = _scrape(fleet), _cpu_seconds(proc.pid)
+            failed = 0
+            latency: list[float] = []
+            for r in requests:
+                picked, resp, _ = gw.request(r.path, r.json_bytes())
+                latency.append(picked.seconds * 1000)
+                failed += resp is None or resp.status_code != 200
+            cpu = _cpu_seconds(proc.pid) - cpu0
+            hit = fleet_hit_rate(before, _scrape(fleet))
+        finally:
+            gw.close()
+    lat = summarize(latency)
+    name = ("epp full_duplex_streamed" if mode == FULL_DUPLEX else "epp buffered") + (
+        "" if response_phase else ", no response phase")
+    return {"setup": name, "hit_rate": hit["fleet"], "failed": failed,
+            "cpu_ms_per_request": 1000 * cpu / len(requests),
+            "decision_ms_p50": lat["p50"], "decision_ms_p99": lat["p99"]}
+
+
+def run(workload: str, n: int, replicas: int, seed: int) -> dict[str, Any]:
+    spec = WorkloadSpec(name=workload, requests=n, seed=seed, max_tokens=8)
+    requests = generate(spec)
+    fleet_opts: dict[str, Any] = {"replicas": replicas, "kv_blocks": 768, "speed": 20.0}
+    rows = []
+    setups = [("serve", None, True), ("epp", FULL_DUPLEX, True), ("epp", BUFFERED, True),
+              ("epp", FULL_DUPLEX, False)]
+    for kind, mode, response_phase in setups:
+        with Fleet(**fleet_opts) as fleet:
+            if kind == "serve":
+                rows.append(_through_serve(fleet, requests))
+            else:
+                assert mode is not None
+                rows.append(_through_epp(fleet, requests, mode, response_phase))
+        print(json.dumps(rows[-1]), flush=True)
+    return {"workload": workload, "requests": len(requests), "replicas": replicas,
+            "seed": seed, "fleet": fleet_opts, "rows": rows}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [f"workload `{result['workload']}`, {result['requests']} requests one at a time, "
+             f"{result['replicas']} simulated replicas (768 KV blocks each, speed 20), seed "
+             f"{result['seed']}", "",
+             "| setup | fleet hit rate | failed | CPU ms / request (router or EPP process) | "
+             "decision p50 ms | decision p99 ms |", "|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        p50 = f"{r['decision_ms_p50']:.2f}" if "decision_ms_p50" in r else "-"
+        p99 = f"{r['decision_ms_p99']:.2f}" if "decision_ms_p99" in r else "-"
+        lines.append(f"| {r['setup']} | {100 * r['hit_rate']:.2f} % | {r['failed']} | "
+                     f"{r['cpu_ms_per_request']:.2f} | {p50} | {p99} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench_epp", description=__doc__)
+    p.add_argument("--workload", default="multi-turn")
+    p.add_argument("--requests", type=int, default=300)
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write the result here too")
+    args = p.parse_args(argv)
+    result = run(args.workload, args.requests, args.replicas, args.seed)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    sys.stdout.write(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
