@@ -228,11 +228,12 @@ class Gateway:
     """Ask the EPP, send the request to the endpoint it named, feed the response back."""
 
     def __init__(self, epp_port: int, *, mode: int = FULL_DUPLEX, response_phase: bool = True,
-                 timeout: float = 60.0) -> None:
+                 response_body: bool = True, timeout: float = 60.0) -> None:
         self.channel = grpc.insecure_channel(f"127.0.0.1:{epp_port}")
         self.stub = ExternalProcessorStub(self.channel)
         self.mode = mode
         self.response_phase = response_phase
+        self.response_body = response_body  # False: response headers only (body mode NONE)
         self.http = httpx.Client(timeout=timeout)
 
     def close(self) -> None:
@@ -275,7 +276,7 @@ class Gateway:
         stream.send(response_headers_message(resp.status_code, served, ctype,
                                              end_of_stream=not content))
         stream.recv()
-        if not content:
+        if not content or not self.response_body:
             return
         size = 1024
         parts = [content[i:i + size] for i in range(0, len(content), size)]

@@ -39,6 +39,7 @@ join); O(1) per response message plus O(chunk) for the usage tail.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -213,6 +214,16 @@ class Exchange:
 
     async def _decide(self, body: bytes) -> str:
         """Validate, route, start the attempt; the endpoints to name (the pick first)."""
+        t0 = time.perf_counter()
+        try:
+            endpoints = await self._pick(body)
+        except RouterError:
+            self._core.metrics.epp_decided("rejected", time.perf_counter() - t0)
+            raise
+        self._core.metrics.epp_decided("picked", time.perf_counter() - t0)
+        return endpoints
+
+    async def _pick(self, body: bytes) -> str:
         core = self._core
         self.record.bytes_in = len(body)
         parsed: dict[str, Any] | None = None

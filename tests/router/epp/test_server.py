@@ -66,6 +66,7 @@ def test_metrics_are_on_the_admin_listener(start_epp: Callable[..., EppThread]) 
     text = httpx.get(f"http://127.0.0.1:{admin}/metrics").text
     lines = [ln for ln in text.splitlines() if ln.startswith("prefix_router_requests_total{")]
     assert lines and sum(float(ln.rsplit(" ", 1)[1]) for ln in lines) == 1
+    assert 'prefix_router_epp_decision_seconds_count{outcome="picked"} 1.0' in text
     assert httpx.get(f"http://127.0.0.1:{admin}/ready").status_code == 200
 
 
