@@ -62,7 +62,7 @@ from router.epp.wire import (
     streamed_body,
     subset_hint,
 )
-from router.errors import InvalidRequest, PayloadTooLarge, RouterError
+from router.errors import InvalidRequest, NoReplicaAvailable, PayloadTooLarge, RouterError
 from router.models import Pool
 from router.proxy import attempt_plan
 from router.replicas import ReplicaState, address_of
@@ -80,9 +80,9 @@ class ProtocolViolation(Exception):
 
 
 class Exchange:
-    __slots__ = ("_body", "_core", "_headers", "_mode", "_namespace", "_path", "_received",
-                 "_response_mode", "_settings", "_size", "_stage", "_subset", "_trailers",
-                 "done", "outcome", "record")
+    __slots__ = ("_body", "_core", "_headers", "_mode", "_namespace", "_path", "_response_mode",
+                 "_settings", "_size", "_stage", "_subset", "_trailers", "done", "outcome",
+                 "record")
 
     def __init__(self, core: RouterApp, settings: EppSettings) -> None:
         self._core = core
@@ -97,7 +97,6 @@ class Exchange:
         self._size = 0
         self._subset: frozenset[str] | None = None
         self._trailers = False
-        self._received = False
         self.done = False  # an immediate response was sent, or the response ended
         self.outcome: Outcome | None = None
         self.record = AccessRecord("POST", "")
@@ -141,7 +140,8 @@ class Exchange:
             pc = msg.protocol_config
             self._response_mode = pc.response_body_mode
             return pc.request_body_mode
-        return _MODES[self._settings.body_mode]
+        mode = self._response_mode = _MODES[self._settings.body_mode]
+        return mode
 
     def _expect(self, stage: str, what: str) -> None:
         if self._stage != stage:
@@ -200,14 +200,15 @@ class Exchange:
         return await self._body_complete(False)
 
     async def _body_complete(self, eos: bool) -> list[ProcessingResponse]:
-        body = b"".join(self._body)
-        self._body = []
-        endpoints = await self._decide(body)
+        chunks, self._body = self._body, []
+        endpoints = await self._decide(b"".join(chunks))
         self._stage = "picked"
         if self._mode != _FULL_DUPLEX:
             return [pick_in_body(endpoints, self._namespace)]
-        out = [pick_in_headers(endpoints, self._namespace),
-               streamed_body(False, body, eos)]
+        # the body back as it came, chunk by chunk: no message larger than the gateway's own
+        last = len(chunks) - 1
+        out = [pick_in_headers(endpoints, self._namespace)]
+        out += [streamed_body(False, c, eos and i == last) for i, c in enumerate(chunks)]
         if self._trailers:
             out.append(continue_trailers(False))
         return out
@@ -237,6 +238,8 @@ class Exchange:
         routed = core.decide(self._path, key_headers, parsed, self.record, self._narrow())
         plan = attempt_plan(routed.decision.candidates, core.replicas,
                             core.settings.proxy.max_attempts)
+        if not plan:  # the pick left the membership between decision and now
+            raise NoReplicaAvailable("no healthy replica", retry_after=1)
         if routed.leader is not None:
             await core.hold(routed.leader, routed.decision.replica)
         self.outcome = Outcome(core, routed, self.record)

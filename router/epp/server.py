@@ -46,7 +46,11 @@ class EppServer:
         await self.core.startup()
         self._ready = asyncio.create_task(watch_readiness(self.core, self.health),
                                           name="epp-readiness")
-        server = self._server = grpc.aio.server()
+        # a BUFFERED body arrives in one message: up to proxy.max_body_bytes (then a 413), not
+        # grpc's 4 MiB default
+        limit = self.settings.proxy.max_body_bytes + (1 << 20)
+        server = self._server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", limit)])
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(self.processor, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         e = self.settings.epp

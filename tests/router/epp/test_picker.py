@@ -49,15 +49,17 @@ def test_every_request_names_a_fleet_endpoint_in_the_header_and_the_metadata(
 
 def test_the_headers_answer_waits_for_the_whole_streamed_body(epp: EppThread) -> None:
     # FULL_DUPLEX_STREAMED: nothing is answered before end_of_stream; then the headers
-    # response, then the body echoed with end_of_stream
+    # response, then the body echoed chunk by chunk, the last with end_of_stream
     channel, stream = open_stream(epp)
     try:
         body = chat("hello")
         picked = ask(stream, PATH, body, chunks=5)
         kinds = [a.WhichOneof("response") for a in picked.answers]
-        assert kinds == ["request_headers", "request_body"]
-        echoed = picked.answers[1].request_body.response.body_mutation.streamed_response
-        assert echoed.end_of_stream and echoed.body == body
+        assert kinds == ["request_headers"] + ["request_body"] * 5
+        echoed = [a.request_body.response.body_mutation.streamed_response
+                  for a in picked.answers[1:]]
+        assert [e.end_of_stream for e in echoed] == [False] * 4 + [True]
+        assert b"".join(e.body for e in echoed) == body == picked.body
         assert picked.answers[0].request_headers.response.clear_route_cache
     finally:
         stream.close()
@@ -73,6 +75,22 @@ def test_a_request_without_protocol_config_uses_the_configured_body_mode(
         assert [a.WhichOneof("response") for a in picked.answers] == ["request_headers",
                                                                       "request_body"]
         assert picked.endpoints and picked.endpoints == picked.metadata
+    finally:
+        stream.close()
+        channel.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_body_of_several_mebibytes_is_routed(start_epp: Callable[..., EppThread],
+                                              mode: int) -> None:
+    # over grpc's default 4 MiB message limit in BUFFERED (one message), under max_body_bytes
+    epp = start_epp()
+    channel, stream = open_stream(epp)
+    try:
+        body = chat("read this: " + "lorem ipsum " * 500_000)
+        assert len(body) > 5 * 1024 * 1024
+        picked = ask(stream, PATH, body, mode=mode, chunks=100)
+        assert picked.status is None and picked.endpoints and picked.body == body
     finally:
         stream.close()
         channel.close()
