@@ -15,7 +15,10 @@ COPY router ./router
 COPY templates_audit ./templates_audit
 COPY loadtest ./loadtest
 COPY prefix_asgi ./prefix_asgi
-RUN pip install ".[kubernetes,otel,kv,epp]" && pip uninstall -y pip setuptools wheel
+COPY scripts/restore_protos.py ./scripts/restore_protos.py
+# restore_protos: xds-protos (epp) overwrites opentelemetry-proto's modules (otel); put them back
+RUN pip install ".[kubernetes,otel,kv,epp]" && python scripts/restore_protos.py \
+    && pip uninstall -y pip setuptools wheel
 
 FROM python:3.11-slim
 ENV PATH=/opt/venv/bin:$PATH \
