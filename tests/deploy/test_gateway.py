@@ -19,6 +19,7 @@ from tests.deploy.kustomize import find, kubectl, normalise, render, render_pyth
 
 ROOT = Path(__file__).resolve().parents[2]
 TREE = ROOT / "deploy" / "examples" / "gateway"
+ISTIO = ROOT / "deploy" / "examples" / "gateway-istio"
 K8S_VERSION = "1.32.0"
 
 
@@ -27,10 +28,24 @@ def objs() -> list[dict[str, Any]]:
     return render(TREE)
 
 
-def test_fallback_renderer_matches_kubectl() -> None:
+@pytest.mark.parametrize("tree", [TREE, ISTIO], ids=["kgateway", "istio"])
+def test_fallback_renderer_matches_kubectl(tree: Path) -> None:
     if not kubectl():
         pytest.skip("kubectl not installed: the Python renderer is used alone")
-    assert normalise(render_python(TREE)) == normalise(render(TREE))
+    assert normalise(render_python(tree)) == normalise(render(tree))
+
+
+def test_the_istio_overlay_changes_only_the_gateway_class(objs: list[dict[str, Any]]) -> None:
+    istio = render(ISTIO)
+    assert find(istio, "Gateway", "inference-gateway")["spec"]["gatewayClassName"] == "istio"
+    for obj in istio:
+        schema = SCHEMAS.get((obj["apiVersion"], obj["kind"]))
+        if schema is not None:
+            jsonschema.validate(obj, schema)
+        else:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    rest = [o for o in normalise(istio) if o["kind"] != "Gateway"]
+    assert rest == [o for o in normalise(objs) if o["kind"] != "Gateway"]
 
 
 def test_every_object_validates_strictly(objs: list[dict[str, Any]]) -> None:
