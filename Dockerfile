@@ -2,8 +2,9 @@
 # Build:  docker build -t prefix-router:0.1.0 .
 # Runtime deps only: the project plus its `kubernetes` extra (lightkube, for discovery), its
 # `otel` extra (OpenTelemetry SDK + OTLP/HTTP exporter, loaded only with tracing.enabled) and its
-# `kv` extra (pyzmq + msgpack, loaded only when the router subscribes to vLLM's KV cache events);
-# no test or dev extras, no compilers in the final image (pyzmq ships manylinux wheels).
+# `kv` extra (pyzmq + msgpack, loaded only when the router subscribes to vLLM's KV cache events)
+# and its `epp` extra (grpcio + Envoy's protos, loaded only by `prefix-router epp`); no test or
+# dev extras, no compilers in the final image (pyzmq and grpcio ship manylinux wheels).
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
@@ -14,7 +15,10 @@ COPY router ./router
 COPY templates_audit ./templates_audit
 COPY loadtest ./loadtest
 COPY prefix_asgi ./prefix_asgi
-RUN pip install ".[kubernetes,otel,kv]" && pip uninstall -y pip setuptools wheel
+COPY scripts/restore_protos.py ./scripts/restore_protos.py
+# restore_protos: xds-protos (epp) overwrites opentelemetry-proto's modules (otel); put them back
+RUN pip install ".[kubernetes,otel,kv,epp]" && python scripts/restore_protos.py \
+    && pip uninstall -y pip setuptools wheel
 
 FROM python:3.11-slim
 ENV PATH=/opt/venv/bin:$PATH \

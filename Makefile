@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) scripts/restore_protos.py  # xds-protos (epp extra) overwrites otel's protos
 	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP)
 

@@ -45,7 +45,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -69,7 +69,7 @@ from router.errors import (
 from router.health import HealthMonitor
 from router.limits import ConnectionGuard, refused_by
 from router.metrics import RouterMetrics
-from router.models import ModelPools, PoolStatus
+from router.models import ModelPools, Pool, PoolStatus
 from router.policy import Branch
 from router.proxy import Forwarder, Upstream, make_session
 from router.replicas import EndpointLike, ReplicaSet
@@ -273,10 +273,14 @@ class RouterApp:
         return True
 
     async def _answer_error(self, send: Send, err: RouterError) -> None:
+        self.reject(err)
+        await send_bytes(send, err.status, error_body(err), err.headers())
+
+    def reject(self, err: RouterError) -> None:
+        """Count a request answered with ``err`` instead of a replica's response."""
         reason = "model_not_found" if isinstance(err, ModelNotFound) else _REJECT_REASONS.get(
             err.status, "error")
         self.metrics.reject(reason)
-        await send_bytes(send, err.status, error_body(err), err.headers())
 
     async def _api(self, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
@@ -328,6 +332,27 @@ class RouterApp:
         key_hdr, session_hdr = self._key_headers
         key_headers = {n.decode("latin-1"): v.decode("latin-1") for n, v in headers
                        if n == key_hdr or n == session_hdr}
+        routed = self.decide(path, key_headers, parsed, record)
+        decision = routed.decision
+        if trace is not None:
+            trace.routed(parsed, routed.key, decision)
+        assert self.forwarder is not None, "request before lifespan startup"
+        if routed.leader is not None:
+            await self.hold(routed.leader, decision.replica)
+        try:
+            await self.forwarder.forward(scope, receive, send, body if body else None,
+                                         decision.candidates, record, routed, trace)
+        finally:
+            self.settle(routed, trace)
+
+    def decide(self, path: str, key_headers: Mapping[str, str], parsed: dict[str, Any] | None,
+               record: AccessRecord, subset: Callable[[Pool], Pool] | None = None) -> Routed:
+        """The routing decision for one validated request: the model pool (404
+        ``model_not_found`` / 503), then `router.routing.Router.route` among its replicas -
+        what ``serve`` runs for every proxied request and `router.epp` for every picked
+        endpoint. ``subset`` narrows the pool (the gateway's candidate subset); an empty
+        result is a 503. Raises `RouterError`; records the pool, branch and key source on
+        ``record``. Writes no routing state (the returned `Routed` does, from outcomes)."""
         model = parsed.get("model") if parsed is not None else None
         pool = self.pools.select(model, self.replicas.states())
         record.model = pool.label
@@ -339,6 +364,11 @@ class RouterApp:
         if pool.status is PoolStatus.DOWN:
             raise NoReplicaAvailable("no healthy replica serves the requested model",
                                      retry_after=self._retry_after())
+        if subset is not None:
+            pool = subset(pool)
+            if not any(r.available for r in pool.members):
+                raise NoReplicaAvailable("no healthy replica in the gateway's endpoint subset",
+                                         retry_after=self._retry_after())
         self._seq += 1
         if self.peers is not None:
             self.peers.catch_up()
@@ -349,29 +379,25 @@ class RouterApp:
         decision, key = routed.decision, routed.key
         record.branch = decision.branch.value
         record.key_source = key.source.value
-        if trace is not None:
-            trace.routed(parsed, key, decision)
         if decision.branch is Branch.SPILL:
             self.metrics.spill(decision.replica, pool.label)
         ring_key = key.ring_key
         if ring_key is not None:
             self.metrics.observe_key(ring_key)
-        assert self.forwarder is not None, "request before lifespan startup"
-        if routed.leader is not None:
-            await self._hold(routed.leader, decision.replica)
-        try:
-            await self.forwarder.forward(scope, receive, send, body if body else None,
-                                         decision.candidates, record, routed, trace)
-        finally:
-            served = routed.served_by
-            if served is not None:
-                usage = routed.tap.usage() if routed.tap else None
-                self.metrics.cached_tokens(served, routed.predicted, usage)
-                if trace is not None:
-                    trace.outcome(usage, routed.predicted if self.router.index is not None
-                                  else None)
+        return routed
 
-    async def _hold(self, leader: Routed, replica: str) -> None:
+    def settle(self, routed: Routed, trace: RequestTrace | None = None) -> None:
+        """A request's attempts are over: the predicted-vs-reported cached tokens of the
+        replica that served it (nothing when none did)."""
+        served = routed.served_by
+        if served is not None:
+            usage = routed.tap.usage() if routed.tap else None
+            self.metrics.cached_tokens(served, routed.predicted, usage)
+            if trace is not None:
+                trace.outcome(usage, routed.predicted if self.router.index is not None
+                              else None)
+
+    async def hold(self, leader: Routed, replica: str) -> None:
         """Wait until ``leader`` (prefilling this request's prefix on ``replica``) answers, at
         most ``routing.hold_timeout``: then the prefix is cached there and this request
         prefills only the rest (`router.routing.Routed.leader`)."""

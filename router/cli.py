@@ -7,6 +7,7 @@
     prefix-router nginx-config --config router.yaml [--out FILE] [--listen ADDR] [--standalone]
     prefix-router nginx-config --backend a=http://10.0.0.1:8000 --backend http://10.0.0.2:8000=2
     prefix-router hash-key [--path /v1/chat/completions] [--config router.yaml] < body.json
+    prefix-router epp --config router.yaml [--port 9002] [--admin-port 9090]   # router.epp
 
 `serve` with neither --config nor --backend runs the quick-start demo when `main` is given one
 (``demo=``): the `prefix-router` console script is `loadtest.demo.router_main`, which passes the
@@ -38,6 +39,8 @@ from typing import Any, NoReturn, Protocol
 
 from router.settings import (
     PEER_DIR_ENV,
+    EPP_ADMIN_PORT,
+    EPP_BODY_MODES,
     POLICIES,
     SETTINGS_ENV,
     Settings,
@@ -116,6 +119,21 @@ def build_parser() -> argparse.ArgumentParser:
     nginx.add_argument("--standalone", action="store_true",
                        help="a complete nginx.conf (events/http blocks) instead of a conf.d snippet")
 
+    epp = sub.add_parser("epp", help="run the endpoint picker of the Gateway API Inference "
+                                     "Extension (Envoy ext_proc over gRPC; the epp extra)")
+    add_replica_flags(epp)
+    epp.add_argument("--host", help="gRPC listen address (epp.host, else listen.host)")
+    epp.add_argument("--port", type=int, help="gRPC port: ext_proc and grpc.health.v1 "
+                                              "(epp.port, default 9002)")
+    epp.add_argument("--admin-host", help="admin listener address (admin.host)")
+    epp.add_argument("--admin-port", type=int,
+                     help=f"admin listener port: /metrics, /health, /ready (admin.port, "
+                          f"default {EPP_ADMIN_PORT} for epp)")
+    epp.add_argument("--policy", choices=POLICIES, help="routing.policy")
+    epp.add_argument("--body-mode", choices=EPP_BODY_MODES,
+                     help="the gateway's request body mode when its messages do not say "
+                          "(epp.body_mode)")
+
     hk = sub.add_parser("hash-key", help="print the X-Prefix-Hash of a request body on stdin")
     hk.add_argument("--path", default="/v1/chat/completions")
     hk.add_argument("--config", help="use routing.* key settings from this router.yaml")
@@ -139,6 +157,8 @@ def main(argv: Sequence[str] | None = None, *, demo: DemoFactory | None = None) 
         return 0
     if command == "nginx-config":
         return nginx_config(args)
+    if command == "epp":
+        return epp_command(args)
     return hash_key_command(args)
 
 
@@ -233,6 +253,43 @@ def run_uvicorn(settings: Settings) -> None:
     finally:
         os.environ.pop(PEER_DIR_ENV, None)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# epp -----------------------------------------------------------------------------------------
+
+def epp_command(args: argparse.Namespace) -> int:
+    """The endpoint picker: the replicas and routing of `serve` given the same --config /
+    --backend, answered over ext_proc instead of proxied (`router.epp.server`)."""
+    if not args.config and not args.backend:
+        _fail("epp: no replicas; pass --config or --backend (or discovery in --config)")
+    settings = _settings(args.config)
+    try:
+        settings = settings.with_overrides(policy=args.policy, backends=args.backend)
+        admin_port = args.admin_port
+        if admin_port is None and not settings.admin.enabled:
+            admin_port = EPP_ADMIN_PORT
+        settings = settings.with_epp_overrides(host=args.host, port=args.port,
+                                               admin_host=args.admin_host,
+                                               admin_port=admin_port, body_mode=args.body_mode)
+        settings.check_runnable()
+        if not _epp_installed():
+            raise SettingsError("epp: needs the epp extra (pip install 'prefix-router[epp]')")
+    except SettingsError as exc:
+        _fail(str(exc))
+    from router.epp.server import run
+
+    run(settings)
+    return 0
+
+
+def _epp_installed() -> bool:
+    import importlib.util
+
+    try:
+        return all(importlib.util.find_spec(m) is not None for m in (
+            "grpc", "grpc_health.v1", "envoy.service.ext_proc.v3"))
+    except ImportError:
+        return False
 
 
 # nginx-config / hash-key ---------------------------------------------------------------------

@@ -198,6 +198,12 @@ class RouterMetrics:
             "this router prefilled their prefix on the chosen replica (routing.hold_tokens), "
             "by replica and outcome=answered|timeout", ["replica", "outcome"],
             buckets=TTFB_BUCKETS, registry=r)
+        # prefix-router epp (router/epp): the EPP's own work per decision
+        self.epp_decision = Histogram(
+            p + "epp_decision_seconds", "Endpoint picker: from the complete request (headers "
+            "and body collected) to the answer naming the endpoints - validation, the routing "
+            "decision and any hold - by outcome=picked|rejected", ["outcome"],
+            buckets=KV_LAG_BUCKETS, registry=r)
         # routing.kv_events (router/kv_events): replica labels come from membership; type is
         # the event type, reason / outcome fixed vocabularies (router.kv_events.subscriber)
         self.kv_events = Counter(p + "kv_events_total", "KV-cache events applied to the precise "
@@ -334,6 +340,9 @@ class RouterMetrics:
 
     def hold(self, replica: str, outcome: str, seconds: float) -> None:
         self.held.labels(replica, outcome).observe(seconds)
+
+    def epp_decided(self, outcome: str, seconds: float) -> None:
+        self.epp_decision.labels(outcome).observe(seconds)
 
     def kv_batch(self, replica: str, batch: object, lag: float, blocks: int) -> None:
         """One applied event batch of ``replica`` (`router.kv_events.wire.EventBatch`)."""

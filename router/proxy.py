@@ -88,7 +88,8 @@ class Attempts(Protocol):
 
 __all__ = [
     "AttemptTrace", "Attempts", "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog",
-    "REPLICA_HEADER", "RETRY_STATUSES", "Upstream", "make_session", "strip_hop_by_hop"
+    "REPLICA_HEADER", "RETRY_STATUSES", "Upstream", "attempt_plan", "make_session",
+    "strip_hop_by_hop"
 ]
 
 
@@ -248,6 +249,21 @@ class DisconnectWatch:
             self._coro.close()
 
 
+def attempt_plan(candidates: Iterable[str], replicas: ReplicaSet,
+                 max_attempts: int) -> list[ReplicaState]:
+    """The replicas a request is tried on, in order: the decision's pick, then its still-
+    available candidates, at most ``max_attempts`` (the retry order `router.epp` hands the
+    gateway too). O(candidates)."""
+    plan: list[ReplicaState] = []
+    for name in candidates:
+        replica = replicas.get(name)
+        if replica is not None and (not plan or replica.available):
+            plan.append(replica)
+            if len(plan) >= max_attempts:
+                break
+    return plan
+
+
 class _Target(NamedTuple):
     """One replica URL plus a request's path and query, as the upstream client takes it."""
 
@@ -335,15 +351,8 @@ class Forwarder:
         method = scope["method"]
         raw_path = scope.get("raw_path") or scope["path"].encode()
         query = scope.get("query_string", b"")
-        # the chosen replica, then the still-available candidates, capped at max_attempts; the
-        # last one relays even a 502/503 (there is nobody left to retry on)
-        plan: list[ReplicaState] = []
-        for name in candidates:
-            replica = up.replicas.get(name)
-            if replica is not None and (not plan or replica.available):
-                plan.append(replica)
-                if len(plan) >= up.settings.max_attempts:
-                    break
+        # the last attempt relays even a 502/503 (there is nobody left to retry on)
+        plan = attempt_plan(candidates, up.replicas, up.settings.max_attempts)
         for tried, replica in enumerate(plan, 1):
             name = replica.name
             last = tried == len(plan)

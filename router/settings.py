@@ -29,7 +29,8 @@ import yaml
 
 __all__ = [
     "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
-    "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery",
+    "DiscoverySettings", "DnsDiscovery", "EPP_ADMIN_PORT", "EPP_BODY_MODES", "EppSettings", "HealthSettings",
+    "KubernetesDiscovery",
     "KvEventsSettings", "LOG_LEVELS", "PeersSettings",
     "LimitsSettings", "Listen", "LoggingSettings", "POLICIES", "ProxySettings", "RINGS",
     "PEER_DIR_ENV", "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV",
@@ -612,6 +613,32 @@ class AdminSettings:
         return self.port is not None
 
 
+EPP_BODY_MODES = ("full_duplex_streamed", "buffered")
+EPP_ADMIN_PORT = 9090  # `prefix-router epp` serves /metrics here unless admin.port is set
+
+
+@dataclass(frozen=True)
+class EppSettings:
+    """`prefix-router epp` (`router.epp`): the Gateway API Inference Extension endpoint picker.
+    ``host`` null: ``listen.host``; ``port`` 0: one the kernel picks. ``body_mode`` is the gateway's ext_proc request body mode,
+    used only for a stream whose first message carries no ``protocol_config`` (Envoy sends it
+    from 1.35 on). ``metadata_namespace`` wraps the picked endpoints in the dynamic metadata
+    (GIE's default ``envoy.lb``)."""
+
+    host: str | None = None
+    port: int = 9002
+    body_mode: str = "full_duplex_streamed"
+    metadata_namespace: str = "envoy.lb"
+
+    @classmethod
+    def parse(cls, r: _Reader) -> EppSettings:
+        return cls(host=r.opt_string("host"), port=r.integer("port", cls.port, 0, 65535),
+                   body_mode=r.choice("body_mode", cls.body_mode, EPP_BODY_MODES),
+                   metadata_namespace=r.check("metadata_namespace", cls.metadata_namespace,
+                                              "a non-empty string",
+                                              lambda v: isinstance(v, str) and bool(v)))
+
+
 @dataclass(frozen=True)
 class LoggingSettings:
     level: str = "info"
@@ -681,6 +708,7 @@ _SECTIONS: dict[str, Any] = {
     "health": HealthSettings, "scrape": ScrapeSettings, "proxy": ProxySettings,
     "limits": LimitsSettings, "auth": AuthSettings, "admin": AdminSettings,
     "logging": LoggingSettings, "shutdown": ShutdownSettings, "tracing": TracingSettings,
+    "epp": EppSettings,
 }
 
 
@@ -700,6 +728,7 @@ class Settings:
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     shutdown: ShutdownSettings = field(default_factory=ShutdownSettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)
+    epp: EppSettings = field(default_factory=EppSettings)
 
     @classmethod
     def from_dict(cls, data: object) -> Settings:
@@ -758,6 +787,18 @@ class Settings:
         (an explicit peer configuration wins) and ``routing.peers.siblings`` true."""
         p = self.routing.peers
         return self.workers > 1 and not p.enabled and p.siblings
+
+    def with_epp_overrides(self, *, host: str | None = None, port: int | None = None,
+                           admin_host: str | None = None, admin_port: int | None = None,
+                           body_mode: str | None = None) -> Settings:
+        """`prefix-router epp` flags over the file, validated as their YAML keys would be."""
+        d = self.to_dict()
+        for section, key, value in (("epp", "host", host), ("epp", "port", port),
+                                    ("admin", "host", admin_host), ("admin", "port", admin_port),
+                                    ("epp", "body_mode", body_mode)):
+            if value is not None:
+                d[section][key] = value
+        return Settings.from_dict(d)
 
     def check_runnable(self) -> None:
         """Cross-section checks that only matter when serving (not when rendering configs)."""

@@ -54,12 +54,14 @@ def test_installs_runtime_dependencies_only() -> None:
     assert len(installs) == 1
     words = shlex.split(installs[0].split("&&")[0])
     target = words[words.index("install") + 1]
-    assert target in (".", ".[kubernetes]", ".[kubernetes,otel]", ".[kubernetes,otel,kv]")
+    assert target in (".", ".[kubernetes]", ".[kubernetes,otel]", ".[kubernetes,otel,kv]",
+                      ".[kubernetes,otel,kv,epp]")
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"][
         "optional-dependencies"]
     assert all(dep.startswith("lightkube") for dep in extras.get("kubernetes", []))
     assert all(dep.startswith("opentelemetry-") for dep in extras.get("otel", []))
     assert all(dep.startswith(("pyzmq", "msgpack")) for dep in extras.get("kv", []))
+    assert all(dep.startswith(("grpcio", "xds-protos")) for dep in extras.get("epp", []))
     for word in ("dev", "test", "pytest", "ruff", "mypy", "-e"):
         assert word not in words
     # the final stage copies the built venv; no pip, compilers or sources are carried over

@@ -61,6 +61,18 @@ PINNED: dict[str, list[str]] = {
         "CACHE_CONFIG", "HealthMonitor", "KV_USAGE", "LoraInfo", "RUNNING", "Replica", "Replicas",
         "VllmLoad", "WAITING", "kv_capacity_tokens", "parse_lora_info", "parse_vllm_metrics"
     ],
+    "router.epp": [],
+    "router.epp.exchange": ["Exchange", "ProtocolViolation"],
+    "router.epp.outcome": ["Outcome"],
+    "router.epp.server": ["EppServer", "run"],
+    "router.epp.service": [
+        "EXT_PROC_SERVICE", "ExternalProcessor", "READINESS_SERVICES", "watch_readiness"
+    ],
+    "router.epp.wire": [
+        "DESTINATION", "SERVED", "SUBSET", "SUBSET_NAMESPACE", "continue_body",
+        "continue_headers", "continue_trailers", "header_pairs", "immediate", "pick_in_body",
+        "pick_in_headers", "served_endpoint", "streamed_body", "subset_hint"
+    ],
     "router.kv_events": [],
     "router.kv_events.index": ["KvIndex", "PreciseIndex", "lora_salt"],
     "router.kv_events.replay": ["ReplayError", "fetch"],
@@ -96,7 +108,8 @@ PINNED: dict[str, list[str]] = {
     "router.prefix_index": ["ApproxIndex", "InFlight", "PrefixIndex", "match_holders"],
     "router.proxy": [
         "AttemptTrace", "Attempts", "DisconnectWatch", "Forwarder", "HOP_BY_HOP", "IdleWatchdog",
-        "REPLICA_HEADER", "RETRY_STATUSES", "Upstream", "make_session", "strip_hop_by_hop"
+        "REPLICA_HEADER", "RETRY_STATUSES", "Upstream", "attempt_plan", "make_session",
+        "strip_hop_by_hop"
     ],
     "router.ring.base": ["Ring", "RingMember", "distinct_owners"],
     "router.ring.hashring": ["HashRing", "ORDER_CACHE_SIZE"],
@@ -110,7 +123,7 @@ PINNED: dict[str, list[str]] = {
     "router.routing": ["AttemptSink", "ExactKeys", "FollowUpWork", "RecentLoad", "Routed", "Router"],
     "router.settings": [
         "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
-        "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery",
+        "DiscoverySettings", "DnsDiscovery", "EPP_ADMIN_PORT", "EPP_BODY_MODES", "EppSettings", "HealthSettings", "KubernetesDiscovery",
         "KvEventsSettings", "LOG_LEVELS", "LimitsSettings", "Listen", "LoggingSettings", "POLICIES", "PeersSettings", "ProxySettings",
         "RINGS", "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV", "ScrapeSettings",
         "Settings", "SettingsError", "ShutdownSettings", "TracingSettings", "load_settings",
