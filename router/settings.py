@@ -27,6 +27,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from router.roles import DEFAULT_ROLE, ROLES, Role
+
 __all__ = [
     "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
     "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery",
@@ -197,6 +199,9 @@ class ReplicaSpec:
     # routing.kv_events: this replica's ZMQ endpoints when not <its host>:<port> (static only)
     kv_events_endpoint: str | None = None
     kv_replay_endpoint: str | None = None
+    # prefill/decode disaggregation (router.roles): a pool with both a prefill and a decode
+    # replica is served in two phases (router.disagg)
+    role: Role = DEFAULT_ROLE
 
     @classmethod
     def parse(cls, r: _Reader) -> ReplicaSpec:
@@ -209,21 +214,34 @@ class ReplicaSpec:
         return cls(name=name, url=_url(r, "url"), weight=r.integer("weight", 1, 1, 1000),
                    models=models,
                    kv_events_endpoint=r.check("kv_events_endpoint", None, _ZMQ_DESC, _zmq_ok),
-                   kv_replay_endpoint=r.check("kv_replay_endpoint", None, _ZMQ_DESC, _zmq_ok))
+                   kv_replay_endpoint=r.check("kv_replay_endpoint", None, _ZMQ_DESC, _zmq_ok),
+                   role=Role(r.choice("role", cls.role, ROLES)))
 
 
 @dataclass(frozen=True)
 class DnsDiscovery:
+    """`discovery.dns`: the addresses of ``name`` are replicas of role both; those of
+    ``prefill`` / ``decode`` (one headless Service per role) replicas of that role."""
+
     name: str | None = None
     port: int = 8000
     scheme: str = "http"
     interval: float = 5.0
+    prefill: str | None = None
+    decode: str | None = None
 
     @classmethod
     def parse(cls, r: _Reader) -> DnsDiscovery:
         return cls(name=r.opt_string("name"), port=r.integer("port", cls.port, 1, 65535),
                    scheme=r.choice("scheme", cls.scheme, SCHEMES),
-                   interval=r.number("interval", cls.interval, gt=0))
+                   interval=r.number("interval", cls.interval, gt=0),
+                   prefill=r.opt_string("prefill"), decode=r.opt_string("decode"))
+
+    def names(self) -> tuple[tuple[str, Role], ...]:
+        """The host names polled, each with the role of its addresses."""
+        pairs = ((self.name, Role.BOTH), (self.prefill, Role.PREFILL),
+                 (self.decode, Role.DECODE))
+        return tuple((n, role) for n, role in pairs if n is not None)
 
 
 @dataclass(frozen=True)
@@ -264,9 +282,9 @@ class DiscoverySettings:
         k8s_r = r.sub("kubernetes")
         k8s = KubernetesDiscovery.parse(k8s_r)
         k8s_r.done()
-        if kind == "dns" and dns.name is None:
-            raise SettingsError(f"{dns_r.key('name')}: required when discovery.type is dns, "
-                                "got None")
+        if kind == "dns" and not dns.names():
+            raise SettingsError(f"{dns_r.key('name')}: required when discovery.type is dns "
+                                "(or discovery.dns.prefill / decode), got None")
         return cls(type=kind, dns=dns, kubernetes=k8s)
 
 
