@@ -25,6 +25,10 @@ cached, as in vLLM). With ``preempt=False`` a request reserves ``prompt + max_to
 admission and is never preempted. Cost per step: O(running + admitted) plus hashing each newly
 filled block once.
 
+A request's ``remote_tokens`` (a disaggregated decode: KV a remote prefill computed,
+`kv_transfer`) count as computed at its first admission - capped one token short of the prompt,
+like a hit - without being a local prefix-cache hit.
+
 ``Engine.serve_instant`` is the no-timing path: allocate, count, cache, free, all at once.
 
 KV cache events (``events``, a `BlockEvents`; None: off): every change of the block pool is
@@ -63,6 +67,9 @@ class EngineRequest(NamedTuple):   # NamedTuples: built per request, 5x cheaper 
     output_ids: Sequence[int] = ()   # ids of the text the request will return (cached on finish)
     prompt_hashes: Sequence[int] | None = None   # full-block hashes of prompt_ids, if known
     lora: str | None = None   # the LoRA adapter the request runs with (None: the base model)
+    # prompt tokens whose KV a remote prefill computed (disaggregated decode, `kv_transfer`):
+    # counted as computed at admission, like a hit, but not as a local prefix-cache hit
+    remote_tokens: int = 0
 
 
 class Usage(NamedTuple):
@@ -343,7 +350,7 @@ class Engine:
         st.prompt_tokens += n
         st.generation_tokens += req.max_tokens
         st.finished += 1
-        return Usage(n, req.max_tokens, hit)
+        return Usage(n, req.max_tokens, max(hit, min(req.remote_tokens, n - 1)))
 
     def abort(self, seq: _Seq) -> bool:
         """Drop a request (client went away). False when it had already finished."""
@@ -501,12 +508,15 @@ class Engine:
             seq.computed = hit = alloc.hit_tokens
             if not seq.admitted:
                 seq.admitted = True
-                seq.cached_tokens = hit
+                if seq.req.remote_tokens > hit:  # transferred KV: first admission only (a
+                    # preempted request recomputes, its remote blocks were freed)
+                    seq.computed = min(seq.req.remote_tokens, seq.num_tokens - 1)
+                seq.cached_tokens = seq.computed
                 self.stats.queries += seq.prompt_len
                 self.stats.hits += hit
                 self.stats.prompt_tokens += seq.prompt_len
             self.running.append(seq)
-            n = min(seq.num_tokens - hit, budget)
+            n = min(seq.num_tokens - seq.computed, budget)
             chunks.append((seq, n))
             budget -= n
             prefill += n
