@@ -7,7 +7,9 @@ Request path (plain ASGI, no middleware stack):
             cache_aware pipeline or policy, LoRA affinity) -> proxy.Forwarder.forward (retry
             before first byte, relay, disconnect); everything after the pool sees only its
             replicas
-            GET /v1/models is answered here: union over available replicas, deduplicated by id
+            GET /v1/models is answered here: union over available replicas, deduplicated by id;
+            a pool with prefill and decode instances (`router.disagg_routing.split`) is routed
+            over its prefill instances and served in two phases by `router.disagg.TwoPhase`
     /health 200 while the process runs        /ready 200 with >= 1 available replica, else 503
     /metrics Prometheus text (on the admin listener instead when `admin.port` is set)
 
@@ -52,6 +54,8 @@ from prefix_asgi import Receive, Scope, Send, send_bytes, send_json, serve_lifes
 from router.accesslog import CLIENT_CLOSED, AccessLog, AccessRecord
 from router.auth import ClientAuth, upstream_authorization
 from router.body import PROMPT_FIELDS, ClientGone, read_body, validate_body
+from router.disagg import TwoPhase
+from router.disagg_routing import split
 from router.discovery import Discovery, make_discovery
 from router.errors import (
     ModelNotFound,
@@ -121,6 +125,7 @@ class RouterApp:
             models_headers={auth[0].decode("latin-1"): auth[1].decode("latin-1")} if auth else None)
         self.discovery = discovery
         self.forwarder: Forwarder | None = None
+        self.disagg: TwoPhase | None = None  # made with the forwarder, at startup
         self._session: aiohttp.ClientSession | None = None
         self._pool: UpstreamPool | None = None
         self._control: aiohttp.ClientSession | None = None
@@ -169,6 +174,7 @@ class RouterApp:
                                               cookie_jar=aiohttp.DummyCookieJar())
         self.forwarder = Forwarder(Upstream(self._pool, self.replicas, self.health,
                                             self.metrics, s.proxy, self.upstream_auth))
+        self.disagg = TwoPhase(s, self.router, self.forwarder, self.metrics)
         if self.kv is not None:
             await self.kv.start()
         if self.peers is not None:
@@ -334,6 +340,12 @@ class RouterApp:
         if pool.status is PoolStatus.DOWN:
             raise NoReplicaAvailable("no healthy replica serves the requested model",
                                      retry_after=self._retry_after())
+        # a pool with prefill and decode instances: two phases, routed over its prefill ones
+        phases = split(pool) if parsed is not None else None
+        if phases is not None:
+            assert self.disagg is not None, "request before lifespan startup"
+            self.disagg.check_decode(phases)
+            pool = phases.prefill
         self._seq += 1
         if self.peers is not None:
             self.peers.catch_up()
@@ -355,8 +367,13 @@ class RouterApp:
         if routed.leader is not None:
             await self._hold(routed.leader, decision.replica)
         try:
-            await self.forwarder.forward(scope, receive, send, body if body else None,
-                                         decision.candidates, record, routed, trace)
+            if phases is None:
+                await self.forwarder.forward(scope, receive, send, body if body else None,
+                                             decision.candidates, record, routed, trace)
+            else:
+                assert self.disagg is not None and parsed is not None
+                await self.disagg.serve(scope, receive, send, parsed, phases, routed, record,
+                                        trace)
         finally:
             served = routed.served_by
             if served is not None:

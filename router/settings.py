@@ -31,7 +31,7 @@ from router.roles import DEFAULT_ROLE, ROLES, Role
 
 __all__ = [
     "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
-    "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery",
+    "DisaggSettings", "DiscoverySettings", "DnsDiscovery", "HealthSettings", "KubernetesDiscovery",
     "KvEventsSettings", "LOG_LEVELS", "PeersSettings",
     "LimitsSettings", "Listen", "LoggingSettings", "POLICIES", "ProxySettings", "RINGS",
     "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV", "ScrapeSettings", "Settings",
@@ -545,6 +545,23 @@ class ProxySettings:
 
 
 @dataclass(frozen=True)
+class DisaggSettings:
+    """Prefill/decode disaggregation (`router.disagg`; on for a model pool with both a prefill
+    and a decode replica). ``prefill_timeout``: the whole prefill phase, retries included
+    (each attempt is also bounded by ``proxy.first_byte_timeout``); the decode phase has the
+    proxy's timeouts. ``max_prefill_response``: the largest prefill answer read back (it is
+    one token and the transfer params)."""
+
+    prefill_timeout: float = 120.0
+    max_prefill_response: int = 1024 * 1024
+
+    @classmethod
+    def parse(cls, r: _Reader) -> DisaggSettings:
+        return cls(prefill_timeout=r.number("prefill_timeout", cls.prefill_timeout, gt=0),
+                   max_prefill_response=r.size("max_prefill_response", cls.max_prefill_response))
+
+
+@dataclass(frozen=True)
 class LimitsSettings:
     """Connection-level limits (`router/limits.py` enforces them; docs/router.md compares each
     with its nginx counterpart). 0 for `max_connections_per_client` means no per-client cap."""
@@ -686,7 +703,7 @@ def _endpoint_ok(v: object) -> bool:
 _SECTIONS: dict[str, Any] = {
     "listen": Listen, "discovery": DiscoverySettings, "routing": RoutingSettings,
     "health": HealthSettings, "scrape": ScrapeSettings, "proxy": ProxySettings,
-    "limits": LimitsSettings, "auth": AuthSettings, "admin": AdminSettings,
+    "disagg": DisaggSettings, "limits": LimitsSettings, "auth": AuthSettings, "admin": AdminSettings,
     "logging": LoggingSettings, "shutdown": ShutdownSettings, "tracing": TracingSettings,
 }
 
@@ -701,6 +718,7 @@ class Settings:
     health: HealthSettings = field(default_factory=HealthSettings)
     scrape: ScrapeSettings = field(default_factory=ScrapeSettings)
     proxy: ProxySettings = field(default_factory=ProxySettings)
+    disagg: DisaggSettings = field(default_factory=DisaggSettings)
     limits: LimitsSettings = field(default_factory=LimitsSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
     admin: AdminSettings = field(default_factory=AdminSettings)
