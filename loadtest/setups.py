@@ -24,6 +24,10 @@ the PID it started, waits, then SIGKILLs. Every listener binds 127.0.0.1 only.
   comes from the ``model_path`` each worker's ``/server_info`` reports (start the fleet with
   ``--model-path`` = `tiny_tokenizer_dir`).
 * ``vllm-<policy>``: the ``vllm-router`` binary; same readiness rule.
+* ``+pd`` (``router-cache_aware+pd``, ``vllm-cache_aware+pd``): prefill/decode disaggregation
+  over the fleet's two halves (`pd_halves`: the first half prefill, the rest decode; the fleet's
+  replicas must run with ``kv_transfer_config``): ``replicas[].role`` for the router,
+  ``--vllm-pd-disaggregation --prefill URL ... --decode URL ...`` for vllm-router.
 * ``direct``: no router, the first replica (overhead baseline).
 * ``passthrough``: `loadtest.passthrough` in front of the first replica - uvicorn + aiohttp with
   no routing, the floor of the router's own stack; ready when ``GET /health`` passes through.
@@ -70,6 +74,7 @@ __all__ = [
     "free_port",
     "launch",
     "parse_setup",
+    "pd_halves",
     "tiny_tokenizer_dir",
 ]
 
@@ -93,6 +98,7 @@ class Setup:
     source: str | None = None  # router only: a directory holding the router package to run
     kv: bool = False  # router only: routing.kv_events on (precise routing from KV events)
     peers: bool = False  # router only: routing.peers on (in-flight state shared between -xN)
+    pd: bool = False  # router, vllm: prefill/decode disaggregation over the fleet's two halves
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -106,6 +112,9 @@ class Setup:
         if (self.tracing or self.source or self.kv or self.peers) and self.kind != "router":
             raise ValueError(f"setup {self.kind}: +tracing, +kv, +peers and @source are router "
                              "variants")
+        if self.pd and (self.kind not in ("router", "vllm") or self.processes is not None):
+            raise ValueError(f"setup {self.kind}: +pd is a variant of one router or vllm-router "
+                             "process")
 
     @property
     def name(self) -> str:
@@ -118,6 +127,8 @@ class Setup:
             name += "+kv"
         if self.peers:
             name += "+peers"
+        if self.pd:
+            name += "+pd"
         if self.source:
             name += "@" + Path(self.source).name
         return name
@@ -126,7 +137,7 @@ class Setup:
     def single(self) -> Setup:
         """One process of this setup, without the splitter."""
         return Setup(self.kind, self.policy, tracing=self.tracing, source=self.source, kv=self.kv,
-                     peers=self.peers)
+                     peers=self.peers, pd=self.pd)
 
     @property
     def prefix_hash_header(self) -> str | None:
@@ -152,15 +163,15 @@ def parse_setup(text: str) -> Setup:
     router variants ``+tracing`` and ``@/path/to/tree`` (``router-prefix-x2+tracing@/tmp/t``)."""
     text, _, source = text.partition("@")
     text, *variants = text.split("+")
-    if any(v not in ("tracing", "kv", "peers") for v in variants):
-        raise ValueError(f"setup variant: expected +tracing, +kv or +peers, got "
+    if any(v not in ("tracing", "kv", "peers", "pd") for v in variants):
+        raise ValueError(f"setup variant: expected +tracing, +kv, +peers or +pd, got "
                          f"{text}+{'+'.join(variants)}")
     processes = None
     if m := _PROCESSES.search(text):
         processes, text = int(m.group(1)), text[: m.start()]
     kind, _, policy = text.partition("-")
     return Setup(kind, policy, processes, tracing="tracing" in variants, source=source or None,
-                 kv="kv" in variants, peers="peers" in variants)
+                 kv="kv" in variants, peers="peers" in variants, pd="pd" in variants)
 
 
 def _nginx_binary() -> str | None:
@@ -290,10 +301,22 @@ def _wait(launched: Launched, ready: Callable[[], bool], timeout: float) -> None
         time.sleep(0.1)
 
 
-def _router_settings(replicas: Sequence[Replica], policy: str, ring: str, port: int) -> dict[str, object]:
+def pd_halves(replicas: Sequence[Replica]) -> tuple[Sequence[Replica], Sequence[Replica]]:
+    """A ``+pd`` setup's (prefill, decode) replicas: the first half of the fleet, the rest."""
+    half = max(1, len(replicas) // 2)
+    return replicas[:half], replicas[half:]
+
+
+def _router_settings(replicas: Sequence[Replica], policy: str, ring: str, port: int,
+                     pd: bool = False) -> dict[str, object]:
+    entries = [{"name": r[0], "url": r[1]} for r in replicas]
+    if pd:
+        prefill, _ = pd_halves(replicas)
+        for i, entry in enumerate(entries):
+            entry["role"] = "prefill" if i < len(prefill) else "decode"
     return {
         "listen": {"host": "127.0.0.1", "port": port},
-        "replicas": [{"name": r[0], "url": r[1]} for r in replicas],
+        "replicas": entries,
         "routing": {"policy": policy, "ring": ring},
         "logging": {"level": "warning", "access_log": False},
     }
@@ -307,7 +330,7 @@ def _launch_router(setup: Setup, replicas: Sequence[Replica], workdir: Path, por
                    log: Path, peers: PeerLinks | None = None) -> Launched:
     import yaml
 
-    settings = _router_settings(replicas, setup.policy or "prefix", "xxhash", port)
+    settings = _router_settings(replicas, setup.policy or "prefix", "xxhash", port, setup.pd)
     helpers = []
     if setup.tracing:
         sink = free_port()
@@ -387,8 +410,16 @@ def _launch_rust(setup: Setup, replicas: Sequence[Replica], workdir: Path, port:
         argv = [binary, "--log-level", "warning"]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
              "--prometheus-port", str(free_port()), "--policy", setup.policy or "cache_aware",
-             "--worker-startup-check-interval", "1",
-             "--worker-urls", *[r[1] for r in replicas]]
+             "--worker-startup-check-interval", "1"]
+    if setup.pd:
+        prefill, decode = pd_halves(replicas)
+        argv += ["--vllm-pd-disaggregation"]
+        for r in prefill:
+            argv += ["--prefill", r[1]]
+        for r in decode:
+            argv += ["--decode", r[1]]
+    else:
+        argv += ["--worker-urls", *[r[1] for r in replicas]]
     env = {**os.environ, "RUST_LOG": "warn"}
     proc = _spawn(argv, log, env=env, cwd=workdir)
     launched = Launched(setup, f"http://127.0.0.1:{port}", proc, log)
