@@ -17,8 +17,9 @@ with `router.routing.Router.route` over the pool's prefill instances:
    the replica answered it. The whole phase is bounded by ``disagg.prefill_timeout`` (504).
 2. **Decode.** The decode instance is `disagg_routing.pick_decode`'s (by load; none available:
    503 ``no_replica_available``). It gets the client's body with the ``kv_transfer_params`` the
-   prefill answered (a prefill without any - no KV connector there - sends none: the decode
-   instance prefills itself, outcome ``no_kv_transfer``), streamed or not as the client asked,
+   prefill answered (a prefill without any sends none, outcome ``no_kv_transfer``: a connector
+   that needs none, e.g. vLLM's shared-storage ExampleConnector, or no connector - then the
+   decode instance prefills itself), streamed or not as the client asked,
    relayed unbuffered by the same Forwarder. Once sent, nothing is retried: the decode instance
    may already have read, and so released, the prefill's KV.
 
