@@ -14,11 +14,13 @@ Protocol (field names exactly as vLLM 0.32.0's NixlConnector, nixl/pull_schedule
   finishes, the response's top-level ``kv_transfer_params`` is ``{do_remote_prefill: true,
   do_remote_decode: false, remote_block_ids: [[ids...]], remote_engine_id, remote_request_id,
   remote_host, remote_port, tp_size: 1, dcp_size: 1, pp_size: 1, remote_num_tokens,
-  remote_blocks_expiry_time: null, transfer_mode: "pull"}``, and the instance holds the
-  request's prompt blocks (`Ledger`) until a decode reads them or the lease expires;
+  remote_blocks_expiry_time: null, transfer_mode: "pull", remote_prefill_cached_tokens}`` (the
+  last one vLLM's scheduler adds: the prefill's own cache hit, which the decode instance then
+  reports as its ``cached_tokens``), and the instance holds the request's prompt blocks
+  (`Ledger`) until a decode reads them or the lease expires;
 * a *decode* request carries those params (``do_remote_prefill: true``). The instance reads the
   blocks from ``remote_host:remote_port`` - here the prefill's own HTTP listener stands in for
-  NIXL's side channel: ``POST /kv_transfer/read`` (`read_request`) - checks that they are this
+  NIXL's side channel: ``POST /kv_transfer/read`` (`Ledger.read`) - checks that they are this
   prompt's blocks, waits ``blocks x --kv-transfer-us-per-block`` (the transfer; asynchronous, as
   NIXL's load runs between engine steps), and its engine then counts those tokens as computed:
   it prefills only what is left (at least one token, as for a local hit).
@@ -152,7 +154,7 @@ class Ledger:
         return len(self._held)
 
     def hold(self, request_id: str, hashes: Sequence[int], num_tokens: int,
-             block_size: int) -> dict[str, Any]:
+             block_size: int, cached_tokens: int = 0) -> dict[str, Any]:
         """Hold a finished prefill's blocks; the ``kv_transfer_params`` its response returns."""
         now = self._clock()
         for rid in [r for r, h in self._held.items() if h.expires <= now]:
@@ -168,7 +170,7 @@ class Ledger:
                 "remote_request_id": request_id, "remote_host": self.host,
                 "remote_port": self.port, "tp_size": 1, "dcp_size": 1, "pp_size": 1,
                 "remote_num_tokens": num_tokens, "remote_blocks_expiry_time": None,
-                "transfer_mode": "pull"}
+                "transfer_mode": "pull", "remote_prefill_cached_tokens": cached_tokens}
 
     def read(self, body: Any) -> dict[str, Any]:
         """A decode reads (and so releases) a held request: the answer to `READ_PATH`."""

@@ -193,6 +193,7 @@ class Replica:
                         hits=st.hits, prompt_tokens=st.prompt_tokens,
                         generation_tokens=st.generation_tokens, preemptions=st.preemptions,
                         finished=st.finished, aborts=self.aborts, requests=self.requests,
+                        external_queries=st.external_queries, external_hits=st.external_hits,
                         running_loras=tuple(running_loras), waiting_loras=tuple(waiting_loras))
 
     @property
@@ -337,14 +338,17 @@ class Replica:
                 # adapter's nor the base model's (here: the chain's first seed)
                 hashes = block_hashes(prompt.ids, self.config.block_size, salt="lora:" + lora)
             params = self._kv_params(data)
-            remote = 0
+            remote, remote_cached = 0, None
             if params is not None and params.get("do_remote_prefill"):
                 remote = await race_disconnect(self._pull(params, hashes, len(prompt.ids)),
                                                receive)
+                cached = params.get("remote_prefill_cached_tokens")
+                remote_cached = cached if type(cached) is int else None
             hold = params is not None and bool(params.get("do_remote_decode")) \
                 and not job.stream
             req = EngineRequest(rid, prompt.ids, job.max_tokens, output_ids=output_ids,
-                                prompt_hashes=hashes, lora=lora, remote_tokens=remote)
+                                prompt_hashes=hashes, lora=lora, remote_tokens=remote,
+                                remote_cached=remote_cached)
             env = Envelope(rid, int(time.time()), lora or self.config.model, self.config.name)
             if self.config.instant:
                 usage = self.engine.serve_instant(req)
@@ -365,7 +369,7 @@ class Replica:
         if handle is None:
             if self.faults.spec.slow > 1:
                 await asyncio.sleep((self.faults.spec.slow - 1) * 0.001)
-            kv = self._hold(rid, hashes, usage.prompt_tokens) if hold else None
+            kv = self._hold(rid, hashes, usage) if hold else None
             await self._respond_now(job, env, pieces, usage, send, kv)
             return
         try:
@@ -373,7 +377,7 @@ class Replica:
                 await race_disconnect(self._stream(job, env, pieces, handle, send), receive)
             else:
                 usage = await race_disconnect(handle.wait(), receive)
-                kv = self._hold(rid, hashes, usage.prompt_tokens) if hold else None
+                kv = self._hold(rid, hashes, usage) if hold else None
                 await self._respond_now(job, env, pieces, usage, send, kv)
         finally:
             if handle.abort():  # False when it had finished
@@ -432,9 +436,10 @@ class Replica:
                                 / cfg.speed)
         return tokens
 
-    def _hold(self, rid: str, hashes: Sequence[int], prompt_len: int) -> dict[str, Any]:
+    def _hold(self, rid: str, hashes: Sequence[int], usage: Usage) -> dict[str, Any]:
         assert self.ledger is not None
-        return self.ledger.hold(rid, hashes, prompt_len, self.config.block_size)
+        return self.ledger.hold(rid, hashes, usage.prompt_tokens, self.config.block_size,
+                                usage.cached_tokens)
 
     async def _kv_read(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``POST /kv_transfer/read``: a decode instance reads (and releases) held KV."""

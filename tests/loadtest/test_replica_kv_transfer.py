@@ -87,7 +87,8 @@ def test_prefill_returns_nixl_params_and_decode_skips_the_prefill(
     assert set(params) == {"do_remote_prefill", "do_remote_decode", "remote_block_ids",
                            "remote_engine_id", "remote_request_id", "remote_host",
                            "remote_port", "tp_size", "dcp_size", "pp_size",
-                           "remote_num_tokens", "remote_blocks_expiry_time", "transfer_mode"}
+                           "remote_num_tokens", "remote_blocks_expiry_time", "transfer_mode",
+                           "remote_prefill_cached_tokens"}
     assert params["do_remote_prefill"] is True and params["do_remote_decode"] is False
     assert (params["remote_host"], params["remote_port"]) == ("127.0.0.1", int(p.rsplit(":", 1)[1]))
     n = params["remote_num_tokens"]
@@ -100,11 +101,18 @@ def test_prefill_returns_nixl_params_and_decode_skips_the_prefill(
     chunks = list(stream)
     usage = chunks[-1].usage
     assert usage.prompt_tokens == n
-    assert usage.prompt_tokens_details.cached_tokens == n - 1  # all but the token recomputed
+    assert usage.prompt_tokens_details.cached_tokens == 0  # the prefill's hits, as vLLM reports
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     stats = HTTP.get(d + "/admin/stats").json()
     assert stats["prefix_cache_hits"] == 0  # transferred, not a local prefix-cache hit
+    metrics = HTTP.get(d + "/metrics").text
+    assert f"vllm:external_prefix_cache_hits_total{{model_name=\"sim-model\"}} {n - 1}.0" in metrics
     assert HTTP.get(p + "/admin/stats").json()["prefix_cache_queries"] == n
+    # a second prefill of the prompt hits the prefill's cache; the decode reports that hit
+    warm = prefill(p)
+    assert warm["remote_prefill_cached_tokens"] == (n - 1) // 16 * 16
+    again = chat(d, warm, max_tokens=2).json()["usage"]
+    assert again["prompt_tokens_details"]["cached_tokens"] == warm["remote_prefill_cached_tokens"]
 
 
 def test_a_transfer_is_read_once(replica: Callable[..., str]) -> None:
@@ -169,6 +177,8 @@ def test_engine_counts_remote_tokens_as_computed_once() -> None:
                                                       remote_tokens=100)).wait()
         finally:
             await engine.stop()
-        return plan_tokens[0], usage.cached_tokens, engine.stats.hits
+        return (plan_tokens[0], usage.cached_tokens, engine.stats.hits,
+                engine.stats.external_hits)
 
-    assert asyncio.run(main()) == (1, 99, 0)  # one token computed; no local hit counted
+    # one token computed; no local hit counted; 99 tokens from the remote prefill, twice
+    assert asyncio.run(main()) == (1, 0, 0, 198)
