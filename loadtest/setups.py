@@ -31,6 +31,10 @@ the PID it started, waits, then SIGKILLs. Every listener binds 127.0.0.1 only.
 * ``vllm-<policy>``: the ``vllm-router`` binary; same readiness rule. ``vllm-kv_aware`` is fed
   by the fleet's KV events: ``--kv-event-source URL=ENDPOINT`` (and ``--kv-event-replay-source``)
   per replica, so the fleet must publish them (``(name, url, events, replay)`` replicas).
+* ``+pd`` (``router-cache_aware+pd``, ``vllm-cache_aware+pd``): prefill/decode disaggregation
+  over the fleet's two halves (`pd_halves`: the first half prefill, the rest decode; the fleet's
+  replicas must run with ``kv_transfer_config``): ``replicas[].role`` for the router,
+  ``--vllm-pd-disaggregation --prefill URL ... --decode URL ...`` for vllm-router.
 * ``direct``: no router, the first replica (overhead baseline).
 * ``passthrough``: `loadtest.passthrough` in front of the first replica - uvicorn + aiohttp with
   no routing, the floor of the router's own stack; ready when ``GET /health`` passes through.
@@ -77,6 +81,7 @@ __all__ = [
     "free_port",
     "launch",
     "parse_setup",
+    "pd_halves",
     "tiny_tokenizer_dir",
 ]
 
@@ -103,6 +108,7 @@ class Setup:
     peers: bool = False  # router only: routing.peers on (in-flight state shared between -xN)
     workers: int | None = None  # router only: `serve --workers N` (one process, N workers)
     noshare: bool = False  # router only: routing.peers.siblings off (workers share nothing)
+    pd: bool = False  # router, vllm: prefill/decode disaggregation over the fleet's two halves
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -119,6 +125,9 @@ class Setup:
                              "@source are router variants")
         if self.workers is not None and self.workers < 1:
             raise ValueError(f"setup workers: expected >= 1, got {self.workers}")
+        if self.pd and (self.kind not in ("router", "vllm") or self.processes is not None):
+            raise ValueError(f"setup {self.kind}: +pd is a variant of one router or vllm-router "
+                             "process")
 
     @property
     def name(self) -> str:
@@ -135,6 +144,8 @@ class Setup:
             name += "+peers"
         if self.noshare:
             name += "+noshare"
+        if self.pd:
+            name += "+pd"
         if self.source:
             name += "@" + Path(self.source).name
         return name
@@ -143,7 +154,7 @@ class Setup:
     def single(self) -> Setup:
         """One process of this setup, without the splitter."""
         return Setup(self.kind, self.policy, tracing=self.tracing, source=self.source, kv=self.kv,
-                     peers=self.peers, workers=self.workers, noshare=self.noshare)
+                     peers=self.peers, workers=self.workers, noshare=self.noshare, pd=self.pd)
 
     @property
     def prefix_hash_header(self) -> str | None:
@@ -164,7 +175,7 @@ class Setup:
 
 _PROCESSES = re.compile(r"-x(\d+)$")
 _WORKERS = re.compile(r"-w(\d+)$")
-VARIANTS = ("tracing", "kv", "peers", "noshare")
+VARIANTS = ("tracing", "kv", "peers", "noshare", "pd")
 
 
 def parse_setup(text: str) -> Setup:
@@ -186,7 +197,7 @@ def parse_setup(text: str) -> Setup:
     kind, _, policy = text.partition("-")
     return Setup(kind, policy, processes, tracing="tracing" in variants, source=source or None,
                  kv="kv" in variants, peers="peers" in variants, workers=workers,
-                 noshare="noshare" in variants)
+                 noshare="noshare" in variants, pd="pd" in variants)
 
 
 def _binary(name: str) -> str | None:
@@ -323,10 +334,22 @@ def _wait(launched: Launched, ready: Callable[[], bool], timeout: float) -> None
         time.sleep(0.1)
 
 
-def _router_settings(replicas: Sequence[Replica], policy: str, ring: str, port: int) -> dict[str, object]:
+def pd_halves(replicas: Sequence[Replica]) -> tuple[Sequence[Replica], Sequence[Replica]]:
+    """A ``+pd`` setup's (prefill, decode) replicas: the first half of the fleet, the rest."""
+    half = max(1, len(replicas) // 2)
+    return replicas[:half], replicas[half:]
+
+
+def _router_settings(replicas: Sequence[Replica], policy: str, ring: str, port: int,
+                     pd: bool = False) -> dict[str, object]:
+    entries = [{"name": r[0], "url": r[1]} for r in replicas]
+    if pd:
+        prefill, _ = pd_halves(replicas)
+        for i, entry in enumerate(entries):
+            entry["role"] = "prefill" if i < len(prefill) else "decode"
     return {
         "listen": {"host": "127.0.0.1", "port": port},
-        "replicas": [{"name": r[0], "url": r[1]} for r in replicas],
+        "replicas": entries,
         "routing": {"policy": policy, "ring": ring},
         "logging": {"level": "warning", "access_log": False},
     }
@@ -340,7 +363,7 @@ def _launch_router(setup: Setup, replicas: Sequence[Replica], workdir: Path, por
                    log: Path, peers: PeerLinks | None = None) -> Launched:
     import yaml
 
-    settings = _router_settings(replicas, setup.policy or "prefix", "xxhash", port)
+    settings = _router_settings(replicas, setup.policy or "prefix", "xxhash", port, setup.pd)
     helpers = []
     if setup.tracing:
         sink = free_port()
@@ -428,8 +451,16 @@ def _launch_rust(setup: Setup, replicas: Sequence[Replica], workdir: Path, port:
         argv = [binary, "--log-level", "warning"]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
              "--prometheus-port", str(free_port()), "--policy", setup.policy or "cache_aware",
-             "--worker-startup-check-interval", "1",
-             "--worker-urls", *[r[1] for r in replicas]]
+             "--worker-startup-check-interval", "1"]
+    if setup.pd:
+        prefill, decode = pd_halves(replicas)
+        argv += ["--vllm-pd-disaggregation"]
+        for r in prefill:
+            argv += ["--prefill", r[1]]
+        for r in decode:
+            argv += ["--decode", r[1]]
+    else:
+        argv += ["--worker-urls", *[r[1] for r in replicas]]
     if setup.kind == "vllm" and setup.policy == "kv_aware":
         argv += _vllm_kv_sources(setup, replicas)
     env = {**os.environ, "RUST_LOG": "warn"}

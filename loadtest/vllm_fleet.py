@@ -18,7 +18,9 @@ the tail of its log in the message.
 With ``kv_events=True`` every replica publishes its KV cache events (``--kv-events-config``,
 topic ``kv_topic``) on a PUB port and answers replays on a ROUTER port of its own, both from the
 kernel and kept across restarts: ``fleet.kv_endpoints`` / ``fleet.kv_replay_endpoints``
-(docs/kv-events.md).
+(docs/kv-events.md). With ``nixl=True`` every replica gets a NIXL side-channel port of its own
+(``VLLM_NIXL_SIDE_CHANNEL_PORT``, ``fleet.nixl_ports``), so several can run vLLM's
+NixlConnector (``--kv-transfer-config`` in ``extra_args``) on one host.
 """
 
 from __future__ import annotations
@@ -142,6 +144,7 @@ class VllmFleet:
         extra_env: dict[str, str] | None = None,
         kv_events: bool = False,
         kv_topic: str = "kv",
+        nixl: bool = False,
     ) -> None:
         if block_size % 32:
             raise ValueError(f"block_size: vLLM's CPU backend needs a multiple of 32, got {block_size}")
@@ -163,6 +166,9 @@ class VllmFleet:
         self.kv_events = kv_events
         self.kv_topic = kv_topic
         self.kv_ports: list[tuple[int, int]] = []   # (PUB, replay ROUTER) of each replica
+        # NixlConnector: each replica's side channel (VLLM_NIXL_SIDE_CHANNEL_PORT), its own
+        self.nixl = nixl
+        self.nixl_ports: list[int] = []
         self.procs: list[subprocess.Popen[bytes]] = []
         self.startup_seconds: float | None = None
 
@@ -226,6 +232,9 @@ class VllmFleet:
             "VLLM_SERVER_DEV_MODE": "1",
         })
         env.pop("CUDA_VISIBLE_DEVICES", None)
+        if self.nixl_ports:
+            env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "127.0.0.1"
+            env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.nixl_ports[i])
         env.update(self.extra_env)
         return env
 
@@ -241,6 +250,8 @@ class VllmFleet:
                 self.ports.append(quiet_port())
                 if self.kv_events:
                     self.kv_ports.append((quiet_port(), quiet_port()))
+                if self.nixl:
+                    self.nixl_ports.append(quiet_port())
                 self.procs.append(self._spawn(i))
             for i in range(self.n):
                 self._wait_ready(i, t0 + self.startup_timeout)

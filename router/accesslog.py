@@ -54,6 +54,10 @@ class AccessRecord:
     trace_id: str | None = None  # set by router.tracing when tracing is on
     span_id: str | None = None
     limit: str | None = None
+    # a disaggregated request (router.disagg): the prefill phase's replica and branch; then
+    # `replica` is the decode instance and `branch` decode_load
+    prefill_replica: str | None = None
+    prefill_branch: str | None = None
 
 
 def encode(record: AccessRecord) -> str:
@@ -66,6 +70,9 @@ def encode(record: AccessRecord) -> str:
         "bytes_out": record.bytes_out, "model": record.model}
     if record.limit is not None:
         line["limit"] = record.limit
+    if record.prefill_replica is not None:
+        line["prefill_replica"] = record.prefill_replica
+        line["prefill_branch"] = record.prefill_branch
     if record.trace_id is not None:
         line["trace_id"] = record.trace_id
         line["span_id"] = record.span_id

@@ -7,7 +7,9 @@ Request path (plain ASGI, no middleware stack):
             cache_aware pipeline or policy, LoRA affinity) -> proxy.Forwarder.forward (retry
             before first byte, relay, disconnect); everything after the pool sees only its
             replicas
-            GET /v1/models is answered here: union over available replicas, deduplicated by id
+            GET /v1/models is answered here: union over available replicas, deduplicated by id;
+            a pool with prefill and decode instances (`router.disagg_routing.split`) is routed
+            over its prefill instances and served in two phases by `router.disagg.TwoPhase`
     /health 200 while the process runs        /ready 200 with >= 1 available replica, else 503
     /metrics Prometheus text (on the admin listener instead when `admin.port` is set)
 
@@ -55,6 +57,8 @@ from prefix_asgi import Receive, Scope, Send, send_bytes, send_json, serve_lifes
 from router.accesslog import CLIENT_CLOSED, AccessLog, AccessRecord
 from router.auth import ClientAuth, upstream_authorization
 from router.body import PROMPT_FIELDS, ClientGone, read_body, validate_body
+from router.disagg import TwoPhase
+from router.disagg_routing import Phases, split
 from router.discovery import Discovery, make_discovery
 from router.errors import (
     ModelNotFound,
@@ -126,6 +130,7 @@ class RouterApp:
             models_headers={auth[0].decode("latin-1"): auth[1].decode("latin-1")} if auth else None)
         self.discovery = discovery
         self.forwarder: Forwarder | None = None
+        self.disagg: TwoPhase | None = None  # made with the forwarder, at startup
         self._session: aiohttp.ClientSession | None = None
         self._pool: UpstreamPool | None = None
         self._control: aiohttp.ClientSession | None = None
@@ -174,6 +179,7 @@ class RouterApp:
                                               cookie_jar=aiohttp.DummyCookieJar())
         self.forwarder = Forwarder(Upstream(self._pool, self.replicas, self.health,
                                             self.metrics, s.proxy, self.upstream_auth))
+        self.disagg = TwoPhase(s, self.router, self.forwarder, self.metrics)
         if self.kv is not None:
             await self.kv.start()
         if self.peers is not None:
@@ -332,7 +338,7 @@ class RouterApp:
         key_hdr, session_hdr = self._key_headers
         key_headers = {n.decode("latin-1"): v.decode("latin-1") for n, v in headers
                        if n == key_hdr or n == session_hdr}
-        routed = self.decide(path, key_headers, parsed, record)
+        routed, phases = self.decide_phases(path, key_headers, parsed, record)
         decision = routed.decision
         if trace is not None:
             trace.routed(parsed, routed.key, decision)
@@ -340,19 +346,35 @@ class RouterApp:
         if routed.leader is not None:
             await self.hold(routed.leader, decision.replica)
         try:
-            await self.forwarder.forward(scope, receive, send, body if body else None,
-                                         decision.candidates, record, routed, trace)
+            if phases is None:
+                await self.forwarder.forward(scope, receive, send, body if body else None,
+                                             decision.candidates, record, routed, trace)
+            else:
+                assert self.disagg is not None and parsed is not None
+                await self.disagg.serve(scope, receive, send, parsed, phases, routed, record,
+                                        trace)
         finally:
             self.settle(routed, trace)
 
     def decide(self, path: str, key_headers: Mapping[str, str], parsed: dict[str, Any] | None,
                record: AccessRecord, subset: Callable[[Pool], Pool] | None = None) -> Routed:
+        """The routing decision for one validated request (`decide_phases`, its first part):
+        what `router.epp` runs for every picked endpoint (a gateway makes one hop: in a
+        disaggregated pool the EPP names a prefill instance)."""
+        return self.decide_phases(path, key_headers, parsed, record, subset)[0]
+
+    def decide_phases(self, path: str, key_headers: Mapping[str, str],
+                      parsed: dict[str, Any] | None, record: AccessRecord,
+                      subset: Callable[[Pool], Pool] | None = None
+                      ) -> tuple[Routed, Phases | None]:
         """The routing decision for one validated request: the model pool (404
         ``model_not_found`` / 503), then `router.routing.Router.route` among its replicas -
         what ``serve`` runs for every proxied request and `router.epp` for every picked
         endpoint. ``subset`` narrows the pool (the gateway's candidate subset); an empty
-        result is a 503. Raises `RouterError`; records the pool, branch and key source on
-        ``record``. Writes no routing state (the returned `Routed` does, from outcomes)."""
+        result is a 503. A pool with prefill and decode instances is routed over its prefill
+        ones and its `Phases` returned (None otherwise: one phase). Raises `RouterError`;
+        records the pool, branch and key source on ``record``. Writes no routing state (the
+        returned `Routed` does, from outcomes)."""
         model = parsed.get("model") if parsed is not None else None
         pool = self.pools.select(model, self.replicas.states())
         record.model = pool.label
@@ -369,6 +391,12 @@ class RouterApp:
             if not any(r.available for r in pool.members):
                 raise NoReplicaAvailable("no healthy replica in the gateway's endpoint subset",
                                          retry_after=self._retry_after())
+        # a pool with prefill and decode instances: two phases, routed over its prefill ones
+        phases = split(pool) if parsed is not None else None
+        if phases is not None:
+            assert self.disagg is not None, "request before lifespan startup"
+            self.disagg.check_decode(phases)
+            pool = phases.prefill
         self._seq += 1
         if self.peers is not None:
             self.peers.catch_up()
@@ -384,7 +412,7 @@ class RouterApp:
         ring_key = key.ring_key
         if ring_key is not None:
             self.metrics.observe_key(ring_key)
-        return routed
+        return routed, phases
 
     def settle(self, routed: Routed, trace: RequestTrace | None = None) -> None:
         """A request's attempts are over: the predicted-vs-reported cached tokens of the

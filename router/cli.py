@@ -38,9 +38,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
 from router.settings import (
-    PEER_DIR_ENV,
     EPP_ADMIN_PORT,
     EPP_BODY_MODES,
+    PEER_DIR_ENV,
     POLICIES,
     SETTINGS_ENV,
     Settings,

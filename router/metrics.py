@@ -46,13 +46,16 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from router.usage import Usage
 
-__all__ = ["DURATION_BUCKETS", "DistinctKeys", "KV_LAG_BUCKETS", "REPLICA_STATES", "RouterMetrics",
+__all__ = ["DISAGG_OUTCOMES", "DISAGG_PHASES", "DURATION_BUCKETS", "DistinctKeys", "KV_LAG_BUCKETS", "REPLICA_STATES", "RouterMetrics",
            "TTFB_BUCKETS"]
 
 TTFB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 REPLICA_STATES = ("healthy", "unhealthy", "draining")
 _PEER_KINDS = ("start", "served", "ended", "hello")  # router.peers.state.KINDS
+DISAGG_OUTCOMES = ("ok", "no_kv_transfer", "prefill_failed", "decode_failed", "no_decode",
+                   "timeout", "client_closed")
+DISAGG_PHASES = ("prefill", "transfer_first_token")
 KV_LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
@@ -204,6 +207,22 @@ class RouterMetrics:
             "and body collected) to the answer naming the endpoints - validation, the routing "
             "decision and any hold - by outcome=picked|rejected", ["outcome"],
             buckets=KV_LAG_BUCKETS, registry=r)
+        # prefill/decode disaggregation (router.disagg): outcome is DISAGG_OUTCOMES, phase
+        # DISAGG_PHASES
+        self.disagg_requests = Counter(
+            p + "disagg_requests_total", "Requests served in two phases (prefill instance, "
+            "then decode instance), by outcome=" + "|".join(DISAGG_OUTCOMES), ["outcome"],
+            registry=r)
+        self.disagg_phase = Histogram(
+            p + "disagg_phase_seconds", "The phases of a disaggregated request's time to first "
+            "token, by replica: phase=prefill (dispatch to the prefill instance's answer) and "
+            "phase=transfer_first_token (dispatch to the decode instance's first body byte: "
+            "the KV transfer and the first decode step)", ["phase", "replica"],
+            buckets=TTFB_BUCKETS, registry=r)
+        self.disagg_ttfb = Histogram(
+            p + "disagg_time_to_first_byte_seconds", "A disaggregated request's first prefill "
+            "dispatch to its first decode body byte: the client's TTFT at the router, both "
+            "phases and prefill retries included", buckets=TTFB_BUCKETS, registry=r)
         # routing.kv_events (router/kv_events): replica labels come from membership; type is
         # the event type, reason / outcome fixed vocabularies (router.kv_events.subscriber)
         self.kv_events = Counter(p + "kv_events_total", "KV-cache events applied to the precise "
@@ -343,6 +362,15 @@ class RouterMetrics:
 
     def epp_decided(self, outcome: str, seconds: float) -> None:
         self.epp_decision.labels(outcome).observe(seconds)
+    def disagg(self, outcome: str) -> None:
+        """One disaggregated request ended with ``outcome`` (`DISAGG_OUTCOMES`)."""
+        self.disagg_requests.labels(outcome).inc()
+
+    def disagg_phase_time(self, phase: str, replica: str, seconds: float) -> None:
+        self.disagg_phase.labels(phase, replica).observe(seconds)
+
+    def disagg_first_byte(self, seconds: float) -> None:
+        self.disagg_ttfb.observe(seconds)
 
     def kv_batch(self, replica: str, batch: object, lag: float, blocks: int) -> None:
         """One applied event batch of ``replica`` (`router.kv_events.wire.EventBatch`)."""

@@ -96,6 +96,7 @@ class Branch(StrEnum):
     LEAST_LOADED = "least_loaded"
     CACHE_HIT = "cache_hit"
     LORA_AFFINITY = "lora_affinity"  # router.models.lora_affinity moved it to its adapter
+    DECODE_LOAD = "decode_load"  # a disaggregated request's decode instance, chosen by load
 
 
 class Decision(NamedTuple):  # per request: half of a frozen dataclass's cost

@@ -309,9 +309,11 @@ class Forwarder:
     async def forward(self, scope: Scope, receive: Receive, send: Send, body: bytes | None,
                       candidates: Iterable[str], record: AccessRecord,
                       attempts: Attempts | None = None,
-                      trace: AttemptTrace | None = None) -> None:
+                      trace: AttemptTrace | None = None,
+                      headers: Iterable[tuple[bytes, bytes]] | None = None) -> None:
         """Proxy with retries; watches for client disconnect. Raises RouterError before any
-        byte was sent (the caller answers it); returns once the response ended."""
+        byte was sent (the caller answers it); returns once the response ended. ``headers``
+        replaces the client's request headers (before hop-by-hop ones are dropped)."""
         task = asyncio.current_task()
         assert task is not None
         gone = False
@@ -329,7 +331,8 @@ class Forwarder:
         else:  # the protocol calls on_disconnect (router.limits)
             scope[DISCONNECT_HOOK] = on_disconnect
         try:
-            await self._attempts(scope, send, body, candidates, record, attempts, trace)
+            await self._attempts(scope, send, body, candidates, record, attempts, trace,
+                                 scope["headers"] if headers is None else headers)
         except asyncio.CancelledError:
             if not gone:
                 raise
@@ -345,9 +348,10 @@ class Forwarder:
 
     async def _attempts(self, scope: Scope, send: Send, body: bytes | None,
                         candidates: Iterable[str], record: AccessRecord,
-                        hooks: Attempts | None, trace: AttemptTrace | None) -> None:
+                        hooks: Attempts | None, trace: AttemptTrace | None,
+                        client_headers: Iterable[tuple[bytes, bytes]]) -> None:
         up = self.up
-        headers = self.raw_request_headers(scope["headers"])
+        headers = self.raw_request_headers(client_headers)
         method = scope["method"]
         raw_path = scope.get("raw_path") or scope["path"].encode()
         query = scope.get("query_string", b"")

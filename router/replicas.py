@@ -2,7 +2,7 @@
 
 :class:`ReplicaState` is deliberately mutable: the proxy bumps ``in_flight``, the health loop
 flips ``healthy``, the scraper writes the ``vllm:*`` gauges, and membership updates own
-``draining`` (endpoint not ready or terminating). The policy only reads it. ``models`` is what
+``draining`` (endpoint not ready or terminating) and ``role``. The policy only reads it. ``models`` is what
 the replica serves (`router.models`): from the endpoint when discovery or config names it
 (``fixed_models``, plus the adapters of those the probes learn), else learned by the health
 probes from ``/v1/models``.
@@ -25,6 +25,7 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 from router.ring import RING_KINDS, HashRing, Ring, RingMember, build_ring
+from router.roles import DEFAULT_ROLE, Role
 
 __all__ = ["EndpointLike", "ReplicaSet", "ReplicaState", "address_of"]
 
@@ -60,6 +61,7 @@ class ReplicaState:
     lora_running: frozenset[str] = frozenset()  # vllm:lora_requests_info (latest label set)
     lora_waiting: frozenset[str] = frozenset()
     max_lora: int = 0  # 0: no LoRA information
+    role: Role = DEFAULT_ROLE  # prefill | decode | both, from the endpoint (router.roles)
 
     def __post_init__(self) -> None:
         if self.weight < 1:
@@ -162,6 +164,7 @@ class ReplicaSet:
                 if state.url != e.url:  # another process: its last scraped load is not kept
                     state.scraped_at = None
                 state.url, state.weight, state.draining = e.url, e.weight, draining
+            state.role = getattr(e, "role", DEFAULT_ROLE)
             fixed = getattr(e, "models", None)
             if fixed:
                 if state.fixed_models != frozenset(fixed):

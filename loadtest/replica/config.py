@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .kv_config import parse_kv_events_config
+from .kv_transfer import parse_kv_transfer_config
 
 
 def _opt(default: Any, help: str) -> Any:
@@ -72,6 +73,13 @@ class ReplicaConfig:
         None, "publish KV cache events as vLLM does: the JSON of vLLM's --kv-events-config, e.g. "
               '\'{"enable_kv_cache_events": true, "publisher": "zmq", '
               '"endpoint": "tcp://*:5557", "topic": "kv"}\' (docs/kv-events.md)')
+    kv_transfer_config: str | None = _opt(
+        None, "play prefill and decode of disaggregated serving as vLLM's NixlConnector does: "
+              'the JSON of vLLM\'s --kv-transfer-config, e.g. \'{"kv_connector": "NixlConnector", '
+              '"kv_role": "kv_both"}\' (docs/simulator.md)')
+    kv_transfer_us_per_block: float = _opt(
+        80.0, "cost of reading one KV block from a remote prefill (us; a decode given "
+              "kv_transfer_params waits blocks x this, outside the engine's steps)")
 
     def __post_init__(self) -> None:
         checks = {
@@ -86,6 +94,7 @@ class ReplicaConfig:
             "fault_hang_rate": 0 <= self.fault_hang_rate <= 1,
             "log_level": self.log_level.lower() in LOG_LEVELS,
             "max_lora": self.max_lora >= 1,
+            "kv_transfer_us_per_block": self.kv_transfer_us_per_block >= 0,
             "lora_load_ms": self.lora_load_ms >= 0,
             "lora": all(n and n != self.model for n in self.lora)
             and len(set(self.lora)) == len(self.lora),
@@ -95,6 +104,8 @@ class ReplicaConfig:
                 raise ValueError(f"{key}: invalid value {getattr(self, key)!r}")
         if self.kv_events_config is not None:
             parse_kv_events_config(self.kv_events_config)  # ValueError naming the bad key
+        if self.kv_transfer_config is not None:
+            parse_kv_transfer_config(self.kv_transfer_config)
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ReplicaConfig)}

@@ -25,6 +25,11 @@ cached, as in vLLM). With ``preempt=False`` a request reserves ``prompt + max_to
 admission and is never preempted. Cost per step: O(running + admitted) plus hashing each newly
 filled block once.
 
+A request's ``remote_tokens`` (a disaggregated decode: KV a remote prefill computed,
+`kv_transfer`) count as computed at its first admission - capped one token short of the prompt,
+like a hit - without being a local prefix-cache hit (they are ``external_hits``); its usage
+reports ``remote_cached`` (the prefill's own hit) as cached tokens when given, as vLLM does.
+
 ``Engine.serve_instant`` is the no-timing path: allocate, count, cache, free, all at once.
 
 KV cache events (``events``, a `BlockEvents`; None: off): every change of the block pool is
@@ -63,6 +68,12 @@ class EngineRequest(NamedTuple):   # NamedTuples: built per request, 5x cheaper 
     output_ids: Sequence[int] = ()   # ids of the text the request will return (cached on finish)
     prompt_hashes: Sequence[int] | None = None   # full-block hashes of prompt_ids, if known
     lora: str | None = None   # the LoRA adapter the request runs with (None: the base model)
+    # prompt tokens whose KV a remote prefill computed (disaggregated decode, `kv_transfer`):
+    # counted as computed at admission, like a hit, but not as a local prefix-cache hit
+    remote_tokens: int = 0
+    # the cached tokens the remote prefill reported: what usage reports instead of the local
+    # hit (vLLM's output processor reports the prefill's hits on the decode instance)
+    remote_cached: int | None = None
 
 
 class Usage(NamedTuple):
@@ -142,6 +153,8 @@ class EngineStats:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     preemptions: int = 0
+    external_queries: int = 0   # vllm:external_prefix_cache_queries: prompt tokens of requests
+    external_hits: int = 0      # given remote KV, and (..._hits) the tokens that KV covered
     aborts: int = 0     # requests dropped from the queue or the batch by abort()
     finished: int = 0
     steps: int = 0
@@ -343,7 +356,10 @@ class Engine:
         st.prompt_tokens += n
         st.generation_tokens += req.max_tokens
         st.finished += 1
-        return Usage(n, req.max_tokens, hit)
+        if req.remote_tokens > hit:
+            st.external_queries += n
+            st.external_hits += min(req.remote_tokens, n - 1) - hit
+        return Usage(n, req.max_tokens, hit if req.remote_cached is None else req.remote_cached)
 
     def abort(self, seq: _Seq) -> bool:
         """Drop a request (client went away). False when it had already finished."""
@@ -501,12 +517,18 @@ class Engine:
             seq.computed = hit = alloc.hit_tokens
             if not seq.admitted:
                 seq.admitted = True
-                seq.cached_tokens = hit
+                if seq.req.remote_tokens > hit:  # transferred KV: first admission only (a
+                    # preempted request recomputes, its remote blocks were freed)
+                    seq.computed = min(seq.req.remote_tokens, seq.num_tokens - 1)
+                    self.stats.external_queries += seq.prompt_len
+                    self.stats.external_hits += seq.computed - hit
+                remote = seq.req.remote_cached
+                seq.cached_tokens = hit if remote is None else remote
                 self.stats.queries += seq.prompt_len
                 self.stats.hits += hit
                 self.stats.prompt_tokens += seq.prompt_len
             self.running.append(seq)
-            n = min(seq.num_tokens - hit, budget)
+            n = min(seq.num_tokens - seq.computed, budget)
             chunks.append((seq, n))
             budget -= n
             prefill += n

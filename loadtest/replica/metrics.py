@@ -47,6 +47,8 @@ class Snapshot:
     finished: int
     aborts: int
     requests: int
+    external_queries: int = 0
+    external_hits: int = 0
     running_loras: tuple[str, ...] = ()
     waiting_loras: tuple[str, ...] = ()
 
@@ -107,6 +109,12 @@ class _SnapshotCollector(Collector):
         yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of tokens.",
                       s.queries)
         yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of tokens.", s.hits)
+        yield counter("vllm:external_prefix_cache_queries", "External prefix cache queries from "
+                      "KV connector cross-instance cache sharing, in terms of number of queried "
+                      "tokens.", s.external_queries)
+        yield counter("vllm:external_prefix_cache_hits", "External prefix cache hits from KV "
+                      "connector cross-instance cache sharing, in terms of number of cached "
+                      "tokens.", s.external_hits)
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens)
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.",
                       s.generation_tokens)

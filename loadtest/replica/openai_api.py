@@ -197,16 +197,19 @@ def _head(env: Envelope, obj: str) -> str:
             f'"model":{_str(env.model)},"system_fingerprint":{_str(env.fingerprint)}')
 
 
-def encode_full(kind: Kind, env: Envelope, text: str, finish_reason: str, usage: str) -> str:
-    """The JSON text of `full_response` (``usage`` from `encode_usage`)."""
+def encode_full(kind: Kind, env: Envelope, text: str, finish_reason: str, usage: str,
+                kv_transfer: Mapping[str, Any] | None = None) -> str:
+    """The JSON text of `full_response` (``usage`` from `encode_usage``); ``kv_transfer``: the
+    response's top-level ``kv_transfer_params`` (a disaggregated prefill, `kv_transfer`)."""
+    tail = "}" if kv_transfer is None else ',"kv_transfer_params":' + json.dumps(kv_transfer) + "}"
     if kind is Kind.CHAT:
         return (_head(env, "chat.completion")
                 + ',"choices":[{"index":0,"message":{"role":"assistant","content":' + _str(text)
                 + ',"tool_calls":[]},"logprobs":null,"finish_reason":' + _str(finish_reason)
-                + ',"stop_reason":null}],"usage":' + usage + "}")
+                + ',"stop_reason":null}],"usage":' + usage + tail)
     return (_head(env, "text_completion") + ',"choices":[{"index":0,"text":' + _str(text)
             + ',"logprobs":null,"finish_reason":' + _str(finish_reason)
-            + ',"stop_reason":null}],"usage":' + usage + "}")
+            + ',"stop_reason":null}],"usage":' + usage + tail)
 
 
 class StreamEncoder:

@@ -12,6 +12,12 @@ Routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/health
 ``/server_info`` and ``/model_info`` (also under ``/get_*``), and the loopback-only ``/admin/*``
 (see `admin`).
 
+With ``--kv-transfer-config`` (`kv_transfer`) the replica plays both sides of vLLM's disaggregated
+prefill: a request with ``kv_transfer_params.do_remote_decode`` returns the params a decode
+instance needs and is held in the `kv_transfer.Ledger` (read back over ``POST
+/kv_transfer/read``); one with ``do_remote_prefill`` reads them from the prefill instance first,
+waits the transfer, and skips the prefill of those tokens (a failed read is an error response).
+
 With ``--kv-events-config`` enabling it, the engine's block pool publishes vLLM's KV cache events
 (`kv_events`, `kv_publisher`; docs/kv-events.md); the publisher starts with the replica and stops
 at lifespan shutdown (or `close()`).
@@ -51,6 +57,7 @@ from .config import ReplicaConfig
 from .engine import BlockEvents, Engine, EngineLimits, EngineRequest, RequestHandle, Usage
 from .faults import Action, Faults, FaultSpec
 from .kv_config import parse_kv_events_config
+from .kv_transfer import READ_PATH, Ledger, TransferError, parse_kv_transfer_config, remote_of
 from .metrics import CONTENT_TYPE, CacheConfig, LoraConfig, ReplicaMetrics, Snapshot
 from .openai_api import ApiError, Envelope, Job, Kind
 from .prompts import Prompter, renderer_for
@@ -135,6 +142,13 @@ class Replica:
         self._sse_headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
                              (b"cache-control", b"no-cache"), *self._headers]
         self._bearer = f"Bearer {config.api_key}".encode() if config.api_key else None
+        self.ledger: Ledger | None = None
+        self._kv_session: Any = None  # aiohttp.ClientSession for reads from remote prefills
+        if config.kv_transfer_config is not None:
+            host = config.host if config.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+            self.ledger = Ledger(parse_kv_transfer_config(config.kv_transfer_config), host,
+                                 config.port)
+            self._routes[("POST", READ_PATH)] = self._kv_read
 
     def _kv_events(self, config: ReplicaConfig) -> BlockEvents | None:
         """The engine's event journal and its publisher, when KV events are on (binds the
@@ -152,6 +166,9 @@ class Replica:
 
     async def _shutdown(self) -> None:
         await self.engine.stop()
+        if self._kv_session is not None:
+            await self._kv_session.close()
+            self._kv_session = None
         self.close()
 
     def close(self) -> None:
@@ -176,6 +193,7 @@ class Replica:
                         hits=st.hits, prompt_tokens=st.prompt_tokens,
                         generation_tokens=st.generation_tokens, preemptions=st.preemptions,
                         finished=st.finished, aborts=self.aborts, requests=self.requests,
+                        external_queries=st.external_queries, external_hits=st.external_hits,
                         running_loras=tuple(running_loras), waiting_loras=tuple(waiting_loras))
 
     @property
@@ -282,6 +300,11 @@ class Replica:
         prefix = "chatcmpl" if kind is Kind.CHAT else "cmpl"
         rid = f"{prefix}-{self.config.name}-{n}"
         self.in_flight[rid] = InFlight(rid, scope["path"], time.time())
+        server = scope.get("server")
+        if self.ledger is not None and server and server[1]:  # the side channel: this listener
+            self.ledger.port = int(server[1])
+            if server[0] not in ("0.0.0.0", "::"):
+                self.ledger.host = str(server[0])
         try:
             await self._serve(kind, rid, receive, send)
         finally:
@@ -314,8 +337,18 @@ class Replica:
                 # vLLM folds the adapter into every block's hash: its blocks match no other
                 # adapter's nor the base model's (here: the chain's first seed)
                 hashes = block_hashes(prompt.ids, self.config.block_size, salt="lora:" + lora)
+            params = self._kv_params(data)
+            remote, remote_cached = 0, None
+            if params is not None and params.get("do_remote_prefill"):
+                remote = await race_disconnect(self._pull(params, hashes, len(prompt.ids)),
+                                               receive)
+                cached = params.get("remote_prefill_cached_tokens")
+                remote_cached = cached if type(cached) is int else None
+            hold = params is not None and bool(params.get("do_remote_decode")) \
+                and not job.stream
             req = EngineRequest(rid, prompt.ids, job.max_tokens, output_ids=output_ids,
-                                prompt_hashes=hashes, lora=lora)
+                                prompt_hashes=hashes, lora=lora, remote_tokens=remote,
+                                remote_cached=remote_cached)
             env = Envelope(rid, int(time.time()), lora or self.config.model, self.config.name)
             if self.config.instant:
                 usage = self.engine.serve_instant(req)
@@ -325,20 +358,27 @@ class Replica:
         except ApiError as exc:
             await self.send_error(send, exc)
             return
+        except TransferError as exc:
+            await self.send_error(send, ApiError(
+                exc.status, f"KV transfer failed: {exc}",
+                "BadRequestError" if exc.status == 400 else "InternalServerError"))
+            return
         except ValueError as exc:  # JSON, chat template, engine limits (EngineError)
             await self.send_error(send, ApiError(400, str(exc)))
             return
         if handle is None:
             if self.faults.spec.slow > 1:
                 await asyncio.sleep((self.faults.spec.slow - 1) * 0.001)
-            await self._respond_now(job, env, pieces, usage, send)
+            kv = self._hold(rid, hashes, usage) if hold else None
+            await self._respond_now(job, env, pieces, usage, send, kv)
             return
         try:
             if job.stream:
                 await race_disconnect(self._stream(job, env, pieces, handle, send), receive)
             else:
                 usage = await race_disconnect(handle.wait(), receive)
-                await self._respond_now(job, env, pieces, usage, send)
+                kv = self._hold(rid, hashes, usage) if hold else None
+                await self._respond_now(job, env, pieces, usage, send, kv)
         finally:
             if handle.abort():  # False when it had finished
                 self.last_abort_at = time.time()
@@ -353,15 +393,76 @@ class Replica:
             return model
         raise openai_api.ModelNotFound(model, self.config.model)
 
+    def _kv_params(self, data: Any) -> dict[str, Any] | None:
+        """The request's ``kv_transfer_params`` when this replica has a KV connector (vLLM
+        without one ignores them); a value that is not an object is a 400."""
+        params = data.get("kv_transfer_params") if isinstance(data, dict) else None
+        if params is None or self.ledger is None:
+            return None
+        if not isinstance(params, dict):
+            raise ApiError(400, "kv_transfer_params must be an object")
+        return params
+
+    async def _pull(self, params: dict[str, Any], hashes: Sequence[int], prompt_len: int) -> int:
+        """Read a remote prefill's KV for this prompt (`kv_transfer` protocol); the prompt
+        tokens it computed. TransferError when the read fails or the blocks are another
+        prompt's. Waits the transfer cost of the blocks read."""
+        import aiohttp  # only decode instances read
+
+        host, port, read = remote_of(params)
+        if self._kv_session is None:
+            self._kv_session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        url = f"http://{host}:{port}{READ_PATH}"
+        try:
+            async with self._kv_session.post(url, json=read) as resp:
+                answer = await resp.json(content_type=None)
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            raise TransferError(f"remote engine {read['engine_id']!r} at {host}:{port} "
+                                f"unreachable ({type(exc).__name__})") from None
+        if status != 200:
+            message = answer.get("message") if isinstance(answer, dict) else None
+            raise TransferError(f"remote engine {read['engine_id']!r} at {host}:{port}: "
+                                f"{message or status}")
+        got = answer.get("hashes") if isinstance(answer, dict) else None
+        tokens = answer.get("num_tokens") if isinstance(answer, dict) else None
+        if not isinstance(got, list) or type(tokens) is not int or \
+                list(hashes[:len(got)]) != got or tokens > prompt_len:
+            raise TransferError("the transferred blocks are not this prompt's", 409)
+        blocks = len(read["block_ids"])
+        cfg = self.config
+        if blocks and cfg.kv_transfer_us_per_block and not cfg.instant:
+            await asyncio.sleep(blocks * cfg.kv_transfer_us_per_block / 1e6 * self.faults.spec.slow
+                                / cfg.speed)
+        return tokens
+
+    def _hold(self, rid: str, hashes: Sequence[int], usage: Usage) -> dict[str, Any]:
+        assert self.ledger is not None
+        return self.ledger.hold(rid, hashes, usage.prompt_tokens, self.config.block_size,
+                                usage.cached_tokens)
+
+    async def _kv_read(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /kv_transfer/read``: a decode instance reads (and releases) held KV."""
+        assert self.ledger is not None
+        try:
+            answer = self.ledger.read(parse_json(await read_body(receive, MAX_BODY)))
+        except TransferError as exc:
+            await self.send_error(send, ApiError(exc.status, str(exc), "NotFoundError"))
+            return
+        except ValueError as exc:
+            await self.send_error(send, ApiError(400, str(exc)))
+            return
+        await self.send_json(send, answer)
+
     async def _respond_now(self, job: Job, env: Envelope, pieces: list[str], usage: Usage,
-                           send: Send) -> None:
+                           send: Send, kv_transfer: dict[str, Any] | None = None) -> None:
         if job.stream:
             await self._stream(job, env, pieces, None, send, usage)
             return
         u = openai_api.encode_usage(usage.prompt_tokens, usage.completion_tokens,
                                     usage.cached_tokens)
         payload = openai_api.encode_full(job.kind, env, "".join(pieces), usage.finish_reason,
-                                         u).encode()
+                                         u, kv_transfer).encode()
         headers = [(b"content-type", b"application/json"),
                    (b"content-length", str(len(payload)).encode()), *self._headers]
         await send({"type": "http.response.start", "status": 200, "headers": headers})

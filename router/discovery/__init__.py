@@ -12,6 +12,7 @@ from router.discovery.base import Backoff, Discovery, Endpoint, Membership, Publ
 from router.discovery.dns import DnsDiscovery
 from router.discovery.kubernetes import KubernetesDiscovery
 from router.discovery.static import StaticDiscovery
+from router.roles import DEFAULT_ROLE
 
 __all__ = [
     "Backoff",
@@ -33,13 +34,15 @@ def make_discovery(settings: Any) -> Discovery:
     if kind == "static":
         return StaticDiscovery(
             Endpoint(name=r.name, url=r.url, weight=getattr(r, "weight", 1),
-                     models=getattr(r, "models", None))
+                     models=getattr(r, "models", None), role=getattr(r, "role", DEFAULT_ROLE))
             for r in getattr(settings, "replicas", ()) or ())
     if kind == "dns":
         d = disc.dns  # type: ignore[union-attr]
-        if not d.name:
+        names = d.names()
+        if not names:
             raise ValueError("discovery.dns.name: required when discovery.type is dns")
-        return DnsDiscovery(d.name, d.port, d.scheme, d.interval)
+        first, role = names[0]
+        return DnsDiscovery(first, d.port, d.scheme, d.interval, role=role, more=names[1:])
     if kind == "kubernetes":
         k = disc.kubernetes  # type: ignore[union-attr]
         return KubernetesDiscovery(k.namespace, k.service, k.port_name, k.scheme,

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from router.roles import DEFAULT_ROLE, Role
+
 __all__ = ["Backoff", "Discovery", "Endpoint", "Membership", "Publish", "url_for"]
 
 log = logging.getLogger("router.discovery")
@@ -36,6 +38,7 @@ class Endpoint:
     ready: bool = True
     terminating: bool = False
     models: tuple[str, ...] | None = None  # served names, when the source knows them
+    role: Role = DEFAULT_ROLE  # prefill | decode | both (router.roles)
 
     @property
     def state(self) -> str:
@@ -83,6 +86,7 @@ class Membership:
         changes = [f"+{n} ({e.state}, {e.url})" for n, e in new.items() if n not in old]
         changes += [f"-{n}" for n in old if n not in new]
         changes += [f"~{n} {old[n].state}->{e.state}" if old[n].state != e.state
+                    else f"~{n} role {old[n].role}->{e.role}" if old[n].role != e.role
                     else f"~{n} {old[n].url}->{e.url}"
                     for n, e in new.items() if n in old and old[n] != e]
         log.info("%s discovery: %d endpoints (%d ready): %s", self._source, len(new),

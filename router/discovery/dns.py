@@ -6,7 +6,12 @@ Service that is the pod name (`vllm-0.vllm-headless.ns.svc.cluster.local` -> `vl
 survives pod restarts that change the IP. Without a PTR record the name is the address itself.
 PTR answers are cached per address while the address stays in the answer set.
 
-Failure policy: a failed resolution keeps the last published membership (a DNS outage must not
+Roles (prefill/decode disaggregation, `router.roles`): the addresses of `name` get `role` (both,
+unless the settings named only a role's Service); each `(name, role)` of `more` - one headless
+Service per role, ``discovery.dns.prefill`` / ``decode`` - is resolved in the same poll and its
+addresses get that role. A replica found under two roles serves both.
+
+Failure policy: a failed resolution (of any of the names) keeps the last published membership (a DNS outage must not
 empty the fleet; health checks eject dead replicas) and retries with capped backoff; before the
 first success an empty membership is published once. Retries start at 0.5 s and back off up to
 the poll interval. Cost per poll: one forward lookup plus one
@@ -21,6 +26,7 @@ import socket
 from collections.abc import Awaitable, Callable, Sequence
 
 from router.discovery.base import Backoff, Endpoint, Membership, Publish, url_for
+from router.roles import DEFAULT_ROLE, Role
 
 __all__ = ["DnsDiscovery", "Resolver", "ReverseResolver", "resolve_addresses", "reverse_name"]
 
@@ -47,8 +53,10 @@ async def reverse_name(address: str) -> str | None:
 class DnsDiscovery:
     def __init__(self, name: str, port: int, scheme: str = "http", interval: float = 5.0, *,
                  resolver: Resolver = resolve_addresses,
-                 reverse: ReverseResolver | None = reverse_name) -> None:
+                 reverse: ReverseResolver | None = reverse_name, role: Role = DEFAULT_ROLE,
+                 more: Sequence[tuple[str, Role]] = ()) -> None:
         self.name = name
+        self.names: tuple[tuple[str, Role], ...] = ((name, role), *more)
         self.port = port
         self.scheme = scheme
         self.interval = interval
@@ -57,16 +65,25 @@ class DnsDiscovery:
         self._ptr: dict[str, str] = {}
 
     async def poll(self) -> list[Endpoint]:
-        addresses = sorted(set(await self._resolve(self.name, self.port)))
-        self._ptr = {a: n for a, n in self._ptr.items() if a in addresses}
+        roles: dict[str, Role] = {}
+        for host, role in self.names:
+            for address in await self._resolve(host, self.port):
+                seen = roles.get(address)
+                roles[address] = role if seen is None or seen is role else Role.BOTH
+        addresses = sorted(roles)
+        self._ptr = {a: n for a, n in self._ptr.items() if a in roles}
         for address in addresses:
             if address not in self._ptr:
                 self._ptr[address] = await self._name_for(address)
         names: dict[str, str] = {}
+        named: dict[str, Role] = {}
         for address in addresses:
             # two addresses of one pod (dual stack) share a PTR name: keep one, the lowest address
-            names.setdefault(self._ptr[address], address)
-        return [Endpoint(name=n, url=url_for(self.scheme, names[n], self.port))
+            n = self._ptr[address]
+            names.setdefault(n, address)
+            seen = named.get(n)
+            named[n] = roles[address] if seen is None or seen is roles[address] else Role.BOTH
+        return [Endpoint(name=n, url=url_for(self.scheme, names[n], self.port), role=named[n])
                 for n in sorted(names)]
 
     async def _name_for(self, address: str) -> str:

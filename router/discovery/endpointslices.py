@@ -15,6 +15,9 @@ per address family for dual-stack Services. `merge_slices` joins them into one m
 * models: a slice carrying the label `MODEL_LABEL` (``prefix-router.io/model``; Kubernetes copies
   a Service's labels onto its EndpointSlices) gives its endpoints that model (`Endpoint.models`,
   fixed: `router.models`); without it the router learns the model from each replica.
+* role: a slice carrying the label `ROLE_LABEL` (``prefix-router.io/role``: prefill | decode |
+  both; one Service per role) gives its endpoints that role (`router.roles`); without it, or
+  with another value (`SliceState` warns once), they are ``both``.
 
 Cost: O(total endpoints · log) per merge; merges run once per watch event (a handful of slices).
 """
@@ -25,8 +28,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from router.discovery.base import Endpoint, url_for
+from router.roles import DEFAULT_ROLE, ROLE_LABEL, role_of
 
-__all__ = ["MODEL_LABEL", "SERVICE_NAME_LABEL", "endpoint_name", "merge_slices", "select_port",
+__all__ = ["MODEL_LABEL", "ROLE_LABEL", "SERVICE_NAME_LABEL", "endpoint_name", "merge_slices", "select_port",
            "slice_endpoints"]
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
@@ -52,8 +56,10 @@ def slice_endpoints(obj: Mapping[str, Any], port_name: str, scheme: str) -> list
     port = select_port(obj.get("ports"), port_name)
     if port is None:
         return []
-    model = ((obj.get("metadata") or {}).get("labels") or {}).get(MODEL_LABEL)
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    model = labels.get(MODEL_LABEL)
     models = (str(model),) if model else None
+    role = role_of(labels.get(ROLE_LABEL)) or DEFAULT_ROLE
     out = []
     for ep in obj.get("endpoints") or ():
         addresses = ep.get("addresses") or []
@@ -63,7 +69,8 @@ def slice_endpoints(obj: Mapping[str, Any], port_name: str, scheme: str) -> list
         cond = ep.get("conditions") or {}
         out.append(Endpoint(name=name, url=url_for(scheme, str(addresses[0]), port),
                             ready=cond.get("ready") is not False,
-                            terminating=cond.get("terminating") is True, models=models))
+                            terminating=cond.get("terminating") is True, models=models,
+                            role=role))
     return out
 
 

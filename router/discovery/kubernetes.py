@@ -42,6 +42,7 @@ from typing import Any
 
 from router.discovery.base import Backoff, Endpoint, Membership, Publish
 from router.discovery.endpointslices import SERVICE_NAME_LABEL, merge_slices
+from router.roles import ROLE_LABEL, ROLES, role_of
 
 __all__ = ["KubernetesDiscovery", "ResourceVersionGone", "SliceState", "WatchError"]
 
@@ -74,12 +75,13 @@ class SliceState:
         self.slices: dict[str, Mapping[str, Any]] = {}
         self.resource_version: str | None = None
         self.warned_ports: set[str] = set()
+        self.warned_roles: set[str] = set()
 
     def replace(self, items: list[Mapping[str, Any]], resource_version: str) -> None:
         self.slices = {item["metadata"]["name"]: item for item in items}
         self.resource_version = resource_version
         for item in items:
-            self._check_port(item)
+            self._check(item)
 
     def apply(self, event: Mapping[str, Any]) -> bool:
         """Apply one watch event; True if the slices changed (BOOKMARK only moves the version)."""
@@ -94,7 +96,7 @@ class SliceState:
             self.resource_version = str(meta["resourceVersion"])
         if kind in ("ADDED", "MODIFIED"):
             self.slices[meta["name"]] = obj
-            self._check_port(obj)
+            self._check(obj)
             return True
         if kind == "DELETED":
             return self.slices.pop(meta["name"], None) is not None
@@ -103,8 +105,14 @@ class SliceState:
     def endpoints(self) -> list[Endpoint]:
         return merge_slices(self.slices, self.port_name, self.scheme)
 
-    def _check_port(self, obj: Mapping[str, Any]) -> None:
+    def _check(self, obj: Mapping[str, Any]) -> None:
         name = obj["metadata"]["name"]
+        role = (obj["metadata"].get("labels") or {}).get(ROLE_LABEL)
+        if role is not None and role_of(role) is None and name not in self.warned_roles:
+            self.warned_roles.add(name)
+            log.warning("kubernetes discovery: EndpointSlice %s has label %s=%r, expected one "
+                        "of %s; its endpoints serve both phases", name, ROLE_LABEL, role,
+                        " | ".join(ROLES))
         ports = [p.get("name") or "" for p in obj.get("ports") or ()]
         if len(ports) > 1 and self.port_name not in ports and name not in self.warned_ports:
             self.warned_ports.add(name)

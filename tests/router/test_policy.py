@@ -333,7 +333,7 @@ def test_public_names_and_labels_are_pinned() -> None:
     assert [b.value for b in Branch] == [
         "home", "spill", "override", "conversation", "fallback", "round_robin", "least_loaded",
         "cache_hit",
-        "lora_affinity",
+        "lora_affinity", "decode_load",
     ]  # fmt: skip
     assert [s.value for s in KeySource] == ["header", "prefix", "conversation", "none"]
     assert sorted(keys.__all__) == [

@@ -25,6 +25,9 @@ MODULES = sorted(m.name for m in pkgutil.walk_packages(router.__path__, "router.
 PINNED: dict[str, list[str]] = {
     "router.accesslog": ["AccessLog", "AccessRecord", "CLIENT_CLOSED", "PIPE_BUF", "encode"],
     "router.app": ["RouterApp", "app_factory", "create_app", "start_tracing"],
+    "router.disagg": ["Capture", "PREFILL_PARAMS", "PhaseTrace", "TwoPhase", "decode_body",
+                      "prefill_body"],
+    "router.disagg_routing": ["Phases", "pick_decode", "split"],
     "router.auth": ["ClientAuth", "bearer_token", "upstream_authorization"],
     "router.body": ["ClientGone", "PROMPT_FIELDS", "read_body", "validate_body"],
     "router.cli": [
@@ -42,7 +45,7 @@ PINNED: dict[str, list[str]] = {
         "DnsDiscovery", "Resolver", "ReverseResolver", "resolve_addresses", "reverse_name"
     ],
     "router.discovery.endpointslices": [
-        "MODEL_LABEL", "SERVICE_NAME_LABEL", "endpoint_name", "merge_slices", "select_port",
+        "MODEL_LABEL", "ROLE_LABEL", "SERVICE_NAME_LABEL", "endpoint_name", "merge_slices", "select_port",
         "slice_endpoints"
     ],
     "router.discovery.kubernetes": [
@@ -90,7 +93,7 @@ PINNED: dict[str, list[str]] = {
         "header_bytes", "refused_by"
     ],
     "router.metrics": [
-        "DURATION_BUCKETS", "DistinctKeys", "KV_LAG_BUCKETS", "REPLICA_STATES", "RouterMetrics",
+        "DISAGG_OUTCOMES", "DISAGG_PHASES", "DURATION_BUCKETS", "DistinctKeys", "KV_LAG_BUCKETS", "REPLICA_STATES", "RouterMetrics",
         "TTFB_BUCKETS"
     ],
     "router.models": [
@@ -120,10 +123,12 @@ PINNED: dict[str, list[str]] = {
     "router.peers.service": ["PeerService", "bind_endpoints", "peer_endpoints"],
     "router.peers.state": ["KINDS", "Outbox", "PeerEvent", "PeerState"],
     "router.peers.wire": ["VERSION", "WireError", "decode", "encode"],
+    "router.roles": ["DEFAULT_ROLE", "ROLES", "ROLE_LABEL", "Role", "role_of"],
     "router.routing": ["AttemptSink", "ExactKeys", "FollowUpWork", "RecentLoad", "Routed", "Router"],
     "router.settings": [
         "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
-        "DiscoverySettings", "DnsDiscovery", "EPP_ADMIN_PORT", "EPP_BODY_MODES", "EppSettings", "HealthSettings", "KubernetesDiscovery",
+        "DisaggSettings", "DiscoverySettings", "DnsDiscovery", "EPP_ADMIN_PORT", "EPP_BODY_MODES",
+        "EppSettings", "HealthSettings", "KubernetesDiscovery",
         "KvEventsSettings", "LOG_LEVELS", "LimitsSettings", "Listen", "LoggingSettings", "POLICIES", "PeersSettings", "ProxySettings",
         "RINGS", "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV", "ScrapeSettings",
         "Settings", "SettingsError", "ShutdownSettings", "TracingSettings", "load_settings",
