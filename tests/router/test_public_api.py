@@ -120,7 +120,7 @@ PINNED: dict[str, list[str]] = {
         "NGINX_MAX_SKIPS", "NginxRing", "POINTS_PER_WEIGHT", "key_bytes", "split_server"
     ],
     "router.peers": ["Outbox", "PeerEvent", "PeerState"],
-    "router.peers.service": ["PeerService", "bind_endpoints", "peer_endpoints"],
+    "router.peers.service": ["PeerService", "bind_endpoints", "peer_endpoints", "sibling_endpoints"],
     "router.peers.state": ["KINDS", "Outbox", "PeerEvent", "PeerState"],
     "router.peers.wire": ["VERSION", "WireError", "decode", "encode"],
     "router.roles": ["DEFAULT_ROLE", "ROLES", "ROLE_LABEL", "Role", "role_of"],
@@ -129,10 +129,11 @@ PINNED: dict[str, list[str]] = {
         "AdminSettings", "AuthSettings", "DEFAULT_SERVICE_NAME", "DISCOVERY_TYPES",
         "DisaggSettings", "DiscoverySettings", "DnsDiscovery", "EPP_ADMIN_PORT", "EPP_BODY_MODES",
         "EppSettings", "HealthSettings", "KubernetesDiscovery",
-        "KvEventsSettings", "LOG_LEVELS", "LimitsSettings", "Listen", "LoggingSettings", "POLICIES", "PeersSettings", "ProxySettings",
+        "KvEventsSettings", "LOG_LEVELS", "LimitsSettings", "Listen", "LoggingSettings", "PEER_DIR_ENV",
+        "POLICIES", "PeersSettings", "ProxySettings",
         "RINGS", "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV", "ScrapeSettings",
         "Settings", "SettingsError", "ShutdownSettings", "TracingSettings", "load_settings",
-        "parse_backend", "parse_size", "settings_from_env", "write_settings_file"
+        "kv_installed", "parse_backend", "parse_size", "settings_from_env", "write_settings_file"
     ],
     "router.tracing": ["ATTRIBUTES", "RequestTrace", "Tracing", "operation_name"],
     "router.usage": ["TAIL_BYTES", "Usage", "UsageTap", "parse_usage"],
