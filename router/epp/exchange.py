@@ -11,8 +11,9 @@ else ``epp.body_mode``):
 
 - FULL_DUPLEX_STREAMED: the request headers get no answer yet; body chunks are collected until
   ``end_of_stream`` (or the request trailers); then the answers are the headers response naming
-  the endpoints, the whole body back unchanged as one ``streamed_response`` (its
-  ``end_of_stream`` as received), and the trailers response if trailers came;
+  the endpoints, the body back unchanged as ``streamed_response`` chunks - the chunks as they
+  came, the last with ``end_of_stream`` as received - and the trailers response if trailers
+  came;
 - BUFFERED / BUFFERED_PARTIAL: the headers are answered at once (continue); the buffered body's
   answer names the endpoints (a header mutation on the held request headers) and leaves the
   body alone;
@@ -169,9 +170,12 @@ class Exchange:
                                           f"of {limit} bytes")
         self._path = path
         self.record.method, self.record.path = method or "POST", path
-        if msg.request_headers.end_of_stream or self._mode not in (_FULL_DUPLEX, *_BUFFERED):
+        if msg.request_headers.end_of_stream:  # no body: an empty one, validated as serve does
             self._stage = "picked"
             return [pick_in_headers(await self._decide(b""), self._namespace)]
+        if self._mode not in (_FULL_DUPLEX, *_BUFFERED):  # the body is not ours to see
+            self._stage = "picked"
+            return [pick_in_headers(await self._decide(None), self._namespace)]
         self._stage = "body"
         if self._mode == _FULL_DUPLEX:
             return []  # answered once the body is complete
@@ -213,8 +217,9 @@ class Exchange:
             out.append(continue_trailers(False))
         return out
 
-    async def _decide(self, body: bytes) -> str:
-        """Validate, route, start the attempt; the endpoints to name (the pick first)."""
+    async def _decide(self, body: bytes | None) -> str:
+        """Validate, route, start the attempt; the endpoints to name (the pick first).
+        ``body`` None: the gateway does not send it; routed unparsed."""
         t0 = time.perf_counter()
         try:
             endpoints = await self._pick(body)
@@ -224,12 +229,13 @@ class Exchange:
         self._core.metrics.epp_decided("picked", time.perf_counter() - t0)
         return endpoints
 
-    async def _pick(self, body: bytes) -> str:
+    async def _pick(self, body: bytes | None) -> str:
         core = self._core
-        self.record.bytes_in = len(body)
         parsed: dict[str, Any] | None = None
-        if self.record.method == "POST" and self._path in PROMPT_FIELDS:
-            parsed = validate_body(self._path, self._headers, body)
+        if body is not None:
+            self.record.bytes_in = len(body)
+            if self.record.method == "POST" and self._path in PROMPT_FIELDS:
+                parsed = validate_body(self._path, self._headers, body)
         kc = core.key_config
         wanted = {kc.key_header.lower(): kc.key_header, kc.session_header.lower():
                   kc.session_header}

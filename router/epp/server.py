@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sys
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
@@ -42,21 +43,26 @@ class EppServer:
         self._ready: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
-        """Start everything; returns the bound gRPC port (``epp.port`` 0: the kernel's)."""
+        """Start everything; returns the bound gRPC port (``epp.port`` 0: the kernel's).
+        OSError when the port cannot be bound (everything started is stopped again)."""
         await self.core.startup()
         self._ready = asyncio.create_task(watch_readiness(self.core, self.health),
                                           name="epp-readiness")
         # a BUFFERED body arrives in one message: up to proxy.max_body_bytes (then a 413), not
-        # grpc's 4 MiB default
+        # grpc's 4 MiB default; no SO_REUSEPORT: a port in use is an error, not shared
         limit = self.settings.proxy.max_body_bytes + (1 << 20)
         server = self._server = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", limit)])
+            ("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)])
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(self.processor, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         e = self.settings.epp
         host = e.host or self.settings.listen.host
         bind = f"[{host}]:{e.port}" if ":" in host else f"{host}:{e.port}"
-        self.port = server.add_insecure_port(bind)
+        try:
+            self.port = server.add_insecure_port(bind)
+        except RuntimeError as exc:  # grpc's way of saying the bind failed
+            await self.stop()
+            raise OSError(f"epp.port: cannot listen on {bind}") from exc
         await server.start()
         return self.port
 
@@ -79,7 +85,11 @@ async def _serve(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    port = await server.start()
+    try:
+        port = await server.start()
+    except OSError as exc:
+        print(f"prefix-router epp: error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     e = settings.epp
     print(f"prefix-router epp: ext_proc + grpc.health.v1 on {e.host or settings.listen.host}:"
           f"{port}" + (f", /metrics on :{settings.admin.port}" if settings.admin.enabled

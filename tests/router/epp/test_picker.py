@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 
 import pytest
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 
 from loadtest.fleet import Fleet
 from loadtest.gateway import (
@@ -16,6 +17,7 @@ from loadtest.gateway import (
     Gateway,
     ask,
     body_message,
+    endpoints_of,
     headers_message,
 )
 from tests.conftest import wait_for
@@ -94,6 +96,23 @@ def test_a_body_of_several_mebibytes_is_routed(start_epp: Callable[..., EppThrea
     finally:
         stream.close()
         channel.close()
+
+
+def test_a_gateway_that_sends_no_body_gets_a_headers_only_decision(epp: EppThread) -> None:
+    # request_body_mode NONE: the upstream is chosen on the headers (as serve routes a request
+    # it does not parse); the conversation identity still keys it
+    channel, stream = open_stream(epp)
+    try:
+        stream.send(headers_message(PATH, chat("hi"), mode=ProcessingMode.NONE,
+                                    extra=[("x-session-id", "abc-123")]))
+        answer = stream.recv()
+        assert answer is not None and answer.WhichOneof("response") == "request_headers"
+        header, meta = endpoints_of(answer)
+        assert header and header == meta
+    finally:
+        stream.close()
+        channel.close()
+    wait_for(lambda: all_idle(epp), "the attempt released")
 
 
 def test_the_same_conversation_keeps_its_pod(epp: EppThread) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -95,6 +96,19 @@ def test_the_epp_command_serves_until_sigterm(fleet: Fleet) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_port_in_use_is_a_clear_error(fleet: Fleet) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "router", "epp", "--host", "127.0.0.1",
+                            "--port", str(port), "--admin-port", str(quiet_port()),
+                            "--admin-host", "127.0.0.1", "--backend", fleet.urls[0]],
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert f"prefix-router epp: error: epp.port: cannot listen on 127.0.0.1:{port}" in r.stderr
 
 
 def test_the_epp_command_without_replicas_exits_2() -> None:
