@@ -132,8 +132,8 @@ PINNED: dict[str, list[str]] = {
         "KvEventsSettings", "LOG_LEVELS", "LimitsSettings", "Listen", "LoggingSettings", "PEER_DIR_ENV",
         "POLICIES", "PeersSettings", "ProxySettings",
         "RINGS", "ReplicaSpec", "RoutingSettings", "SCHEMES", "SETTINGS_ENV", "ScrapeSettings",
-        "Settings", "SettingsError", "ShutdownSettings", "TracingSettings", "load_settings",
-        "kv_installed", "parse_backend", "parse_size", "settings_from_env", "write_settings_file"
+        "Settings", "SettingsError", "ShutdownSettings", "TracingSettings", "kv_installed",
+        "load_settings", "parse_backend", "parse_size", "settings_from_env", "write_settings_file"
     ],
     "router.tracing": ["ATTRIBUTES", "RequestTrace", "Tracing", "operation_name"],
     "router.usage": ["TAIL_BYTES", "Usage", "UsageTap", "parse_usage"],
