@@ -348,3 +348,27 @@ def test_time_to_first_byte_is_both_phases(sims: Sims, router: Callable[..., Any
     decode = metric(url, "prefix_router_disagg_phase_seconds_sum", phase="transfer_first_token")
     assert first == pytest.approx(prefill + decode)
     assert 0 < prefill < first
+
+
+def test_traces_tag_each_phase(sims: Sims, router: Callable[..., Any],
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
+    pytest.importorskip("opentelemetry.proto", reason="opentelemetry-proto is not installed")
+    from tests.otlp import OtlpReceiver
+
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    with OtlpReceiver() as rx:
+        url, _ = router(settings(disagg_fleet(sims, 1, 1),
+                                 tracing={"enabled": True, "endpoint": rx.endpoint}))
+        r = HTTP.post(url + "/v1/chat/completions", json={"model": "sim-model",
+                                                          "messages": messages()})
+        assert r.status_code == 200
+        spans = rx.wait_for(lambda got: sum(s.kind == "CLIENT" for s in got) == 2
+                            and any(s.kind == "SERVER" for s in got), "the request's spans")
+    attempts = sorted((s for s in spans if s.kind == "CLIENT"),
+                      key=lambda s: s.attributes["prefix_router.attempt"])
+    assert [(s.attributes["prefix_router.phase"], s.attributes["prefix_router.replica"])
+            for s in attempts] == [("prefill", "p0"), ("decode", "d0")]
+    server = next(s for s in spans if s.kind == "SERVER")
+    assert server.attributes["prefix_router.prefill_ms"] > 0
+    assert server.attributes["prefix_router.replica"] == "d0"
