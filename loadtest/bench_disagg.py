@@ -21,7 +21,9 @@ so each setup starts cold; the setups run in turn, ``--rounds`` times interleave
 Reported per setup (the median over rounds when several): the hit rate of the prefill pool - the
 prefix-cache hit tokens over the query tokens of the instances that prefilled (the prefill half
 under +pd, all four colocated), from their own ``/metrics`` - and the client's TTFT and
-inter-token latency p50 / p99, the router process tree's CPU time per request (from
+inter-token latency p50 / p99, the replicas' preemptions (``vllm:num_preemptions``: a
+preempted request recomputes its prompt, which stalls every stream on that replica), the router
+process tree's CPU time per request (from
 /proc, `loadtest.setups.cpu_seconds`), errors. The section sits between ``<!-- disagg:begin -->`` and
 ``<!-- disagg:end -->``; `loadtest.bench` keeps it when it rewrites the rest of the page.
 
@@ -45,6 +47,7 @@ from loadtest.doc_blocks import replace_block
 from loadtest.fleet import Fleet
 from loadtest.runner import Plan, run
 from loadtest.setups import cpu_seconds, launch, parse_setup, pd_halves
+from loadtest.stats import counter_delta
 from loadtest.workloads import WorkloadSpec, generate
 
 __all__ = ["BLOCK", "KV_TRANSFER", "SETUPS", "main", "measure", "prefill_hit_rate", "render"]
@@ -98,8 +101,12 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                                 progress_label=f"{setup.name} round {r + 1}")
                     pid = launched.pid
                     cpu0 = cpu_seconds(pid) if pid is not None else float("nan")
-                    summary = run(plan, requests).summary()
+                    result = run(plan, requests)
                     cpu = cpu_seconds(pid) - cpu0 if pid is not None else float("nan")
+                summary = result.summary()
+                summary["preemptions"] = {
+                    n: counter_delta(result.before.get(n, {}), snap, "vllm:num_preemptions_total")
+                    for n, snap in result.after.items()}
                 summary["router_cpu_ms_per_request"] = cpu * 1000 / max(1, summary["sent"])
                 prefilled = [n for n, _ in (pd_halves(replicas)[0] if setup.pd else replicas)]
                 summary["prefill_pool"] = prefilled
@@ -146,7 +153,8 @@ def render(data: Mapping[str, Any]) -> str:
              "(the prefill half, or all four colocated), from their `/metrics`. Measured "
              f"{data['date']} by `python -m loadtest.bench_disagg` on the shared 2-core machine.",
              "", "| setup | prefill-pool hit rate | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 "
-             "| router CPU / request | ok / sent |", "|---|---|---|---|---|---|---|---|"]
+             "| preemptions | router CPU / request | ok / sent |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, rows in data["runs"].items():
         ok = sum(r["ok"] for r in rows)
         sent = sum(r["sent"] for r in rows)
@@ -154,9 +162,10 @@ def render(data: Mapping[str, Any]) -> str:
             f"| `{name}` | {_median(rows, 'prefill_hit_rate'):.3f} "
             f"| {_ms(_median(rows, 'ttft', 'p50'))} | {_ms(_median(rows, 'ttft', 'p99'))} "
             f"| {_ms(_median(rows, 'itl', 'p50'))} | {_ms(_median(rows, 'itl', 'p99'))} "
+            f"| {statistics.median(sum(r['preemptions'].values()) for r in rows):g} "
             f"| {_median(rows, 'router_cpu_ms_per_request'):.2f} ms | {ok} / {sent} |")
     for name, reason in data.get("skipped", {}).items():
-        lines.append(f"| `{name}` | not run: {reason} | | | | | | |")
+        lines.append(f"| `{name}` | not run: {reason} | | | | | | | |")
     lines += ["", f"<!-- {BLOCK}:end -->", ""]
     return "\n".join(lines)
 

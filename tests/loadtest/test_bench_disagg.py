@@ -48,7 +48,7 @@ def test_prefill_hit_rate_counts_only_the_instances_that_prefilled() -> None:
 def test_render_is_one_block_with_a_row_per_setup() -> None:
     row = {"prefill_hit_rate": 0.8, "ttft": {"p50": 0.02, "p99": 0.5},
            "itl": {"p50": 0.01, "p99": 0.03}, "ok": 10, "sent": 10,
-           "router_cpu_ms_per_request": 1.5}
+           "router_cpu_ms_per_request": 1.5, "preemptions": {"sim-2": 2.0, "sim-3": 1.0}}
     data = {"workload": {"name": "shared-prefix", "requests": 10, "rate": 2.0, "prompts": 4,
                          "min_prompt_tokens": 100, "max_prompt_tokens": 200, "max_tokens": 8,
                          "seed": 0},
@@ -58,7 +58,7 @@ def test_render_is_one_block_with_a_row_per_setup() -> None:
             "skipped": {"vllm-cache_aware+pd": "vllm-router is not installed"}}
     text = render(data)
     assert list(blocks(text)) == [BLOCK]
-    assert ("| `router-cache_aware+pd` | 0.700 | 20 ms | 500 ms | 10 ms | 30 ms | 1.50 ms "
+    assert ("| `router-cache_aware+pd` | 0.700 | 20 ms | 500 ms | 10 ms | 30 ms | 3 | 1.50 ms "
             "| 20 / 20 |") in text
     assert "| `vllm-cache_aware+pd` | not run: vllm-router is not installed |" in text
 
