@@ -246,7 +246,6 @@ class TwoPhase:
                 if (r := replicas.get(n)) is not None and (i == 0 or r.available)]
         plan = plan[:self.settings.proxy.max_attempts]
         limit = self.settings.disagg.max_prefill_response
-        answer: Capture | None = None
         for tried, name in enumerate(plan, 1):
             last = tried == len(plan)
             answer = Capture(limit)
@@ -273,5 +272,5 @@ class TwoPhase:
                 raise UpstreamError(f"prefill replica {name} answered more than "
                                     f"disagg.max_prefill_response ({limit} bytes)")
             return answer
-        return answer
+        raise NoReplicaAvailable("no prefill instance available", retry_after=1)
 

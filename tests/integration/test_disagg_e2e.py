@@ -372,3 +372,26 @@ def test_traces_tag_each_phase(sims: Sims, router: Callable[..., Any],
     server = next(s for s in spans if s.kind == "SERVER")
     assert server.attributes["prefix_router.prefill_ms"] > 0
     assert server.attributes["prefix_router.replica"] == "d0"
+
+
+def test_a_slow_prefill_phase_times_out(sims: Sims, router: Callable[..., Any]) -> None:
+    fleet = disagg_fleet(sims, 1, 1, p0={"speed": 1.0, "fault_slow": 60.0})
+    url, _ = router(settings(fleet, disagg={"prefill_timeout": 0.3}))
+    r = HTTP.post(url + "/v1/chat/completions", json={"model": "sim-model",
+                                                      "messages": messages()})
+    assert r.status_code == 504
+    assert r.json()["error"]["code"] == "upstream_timeout"
+    assert "disagg.prefill_timeout" in r.json()["error"]["message"]
+    wait_for(lambda: sims.stats("p0")["aborts"] == 1, "the prefill instance to abort")
+    assert sims.stats("d0")["requests"] == 0
+    assert metric(url, "prefix_router_disagg_requests_total", outcome="timeout") == 1
+
+
+def test_a_prefill_answer_over_the_limit_is_a_502(sims: Sims, router: Callable[..., Any]) -> None:
+    url, _ = router(settings(disagg_fleet(sims, 1, 1),
+                             disagg={"max_prefill_response": 200}))
+    r = HTTP.post(url + "/v1/chat/completions", json={"model": "sim-model",
+                                                      "messages": messages()})
+    assert r.status_code == 502 and "disagg.max_prefill_response" in r.json()["error"]["message"]
+    assert sims.stats("d0")["requests"] == 0
+    assert metric(url, "prefix_router_disagg_requests_total", outcome="prefill_failed") == 1
