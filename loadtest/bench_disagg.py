@@ -166,8 +166,37 @@ def render(data: Mapping[str, Any]) -> str:
             f"| {_median(rows, 'router_cpu_ms_per_request'):.2f} ms | {ok} / {sent} |")
     for name, reason in data.get("skipped", {}).items():
         lines.append(f"| `{name}` | not run: {reason} | | | | | | | |")
+    lines += _targets(data["runs"])
     lines += ["", f"<!-- {BLOCK}:end -->", ""]
     return "\n".join(lines)
+
+
+# issue 36's targets: (label, value path, unit, True if higher is better)
+_TARGETS = (("prefill-pool hit rate", ("prefill_hit_rate",), "", True),
+            ("TTFT p99", ("ttft", "p99"), "ms", False),
+            ("inter-token latency p99", ("itl", "p99"), "ms", False))
+OURS, THEIRS = SETUPS[0], SETUPS[1]
+
+
+def _targets(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+    """Issue 36's targets, ours against vllm-router's, with every round's value (so a
+    difference smaller than the rounds' spread shows as such)."""
+    if OURS not in runs or THEIRS not in runs:
+        return []
+
+    def show(v: float, unit: str) -> str:
+        return f"{v * 1000:.1f} ms" if unit == "ms" else f"{v:.3f}"
+
+    out = ["", f"Targets: `{OURS}` against `{THEIRS}` (median, then each round):", "",
+           "| target | ours | vllm-router | met |", "|---|---|---|---|"]
+    for label, path, unit, higher in _TARGETS:
+        a, b = _median(runs[OURS], *path), _median(runs[THEIRS], *path)
+        met = a >= b if higher else a <= b
+        each_a = " / ".join(show(_median([r], *path), unit) for r in runs[OURS])
+        each_b = " / ".join(show(_median([r], *path), unit) for r in runs[THEIRS])
+        out.append(f"| {label} {'>=' if higher else '<='} | {show(a, unit)} ({each_a}) "
+                   f"| {show(b, unit)} ({each_b}) | {'yes' if met else 'no'} |")
+    return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
