@@ -205,7 +205,7 @@ class TwoPhase:
         self.metrics.disagg_phase_time("prefill", prefill_replica, prefill_s)
         s = self.settings.routing
         decision = pick_decode(phases.decode, routed.prompt_tokens, s.decode_tokens,
-                               self.router.mean_prefill, s.kv_high)
+                               self.router.mean_prefill, s.kv_high, self._rank(routed, phases))
         if decision is None:
             self.metrics.disagg("no_decode")
             raise NoReplicaAvailable("no decode instance available", retry_after=1)
@@ -221,6 +221,15 @@ class TwoPhase:
             self.metrics.disagg("decode_failed")
             raise
         self._decoded(record, prefill_s, params is not None)
+
+    def _rank(self, routed: Routed, phases: Phases) -> dict[str, int] | None:
+        """The decode members in the request key's ring order (None without a key)."""
+        key = routed.key.ring_key
+        if key is None:
+            return None
+        names = {r.name for r in phases.decode}
+        walk = (n for n in self.router.replicas.ring.walk(key) if n in names)
+        return {n: i for i, n in enumerate(walk)}
 
     def _decoded(self, record: AccessRecord, prefill_s: float, transferred: bool) -> None:
         if record.status == CLIENT_CLOSED:
