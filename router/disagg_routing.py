@@ -15,9 +15,12 @@ ones that matter. The decode phase is placed by `pick_decode`: least queued work
 weight over the available decode members, the pipeline's own measure (`router.pipeline.
 queued_work`: this router's unanswered prefill, ``decode_tokens`` per request running or
 waiting there - in flight at this router or scraped, whichever is larger - and the KV-pressure
-term above ``kv_high`` for a prompt of this size), ties by name; branch ``decode_load``. The
-decode instance has nothing of the prompt to reuse locally (its KV arrives from the prefill),
-so no cache score applies there.
+term above ``kv_high`` for a prompt of this size); instances within one request's decode work
+(``decode_tokens``) of the least are tied, and a tie goes to the first of them in the request
+key's ring order (then by name). So a prefix keeps its decode instance while loads are close,
+and that instance's own prefix cache spares part of the transfer (vLLM pulls only the blocks
+the decode instance lacks); load still decides as soon as it differs by more than a request.
+Branch ``decode_load``.
 
 Cost: `split` O(members); `pick_decode` O(decode members).
 """
