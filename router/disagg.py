@@ -60,13 +60,15 @@ from router.proxy import AttemptTrace, Forwarder
 from router.routing import Routed, Router
 from router.settings import Settings
 
-__all__ = ["Capture", "PREFILL_PARAMS", "PhaseTrace", "TwoPhase", "decode_body", "prefill_body"]
+__all__ = ["Capture", "GENERATE_PATHS", "PREFILL_PARAMS", "PhaseTrace", "TwoPhase", "decode_body", "prefill_body"]
 
 # what a prefill instance is asked for (vLLM's toy proxy sends exactly these)
 PREFILL_PARAMS: Mapping[str, Any] = {
     "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
     "remote_block_ids": None, "remote_host": None, "remote_port": None}
 _REQUEST_ID = b"x-request-id"
+# the endpoints served in two phases; any other (embeddings, models...) goes to one replica
+GENERATE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
 class PhaseTrace(AttemptTrace, Protocol):

@@ -100,6 +100,7 @@ def router() -> Iterator[Callable[..., tuple[str, RouterApp]]]:
         app = create_app(s, discovery=discovery)
         srv = ThreadedServer(app).start()
         started.append(srv)
+        APPS[srv.url] = app
         return srv.url, app
 
     yield start
@@ -121,7 +122,16 @@ def disagg_fleet(sims: Sims, prefill: int = 2, decode: int = 2,
     return out
 
 
+APPS: dict[str, RouterApp] = {}  # router URL -> its app (for `metric`)
+
+
 def metric(url: str, name: str, **labels: str) -> float:
+    """A metric of the router at ``url``, summed over the label sets matching ``labels``, read
+    once the router has no request open: the client can have the last byte before the router
+    counted the outcome."""
+    app = APPS.get(url)
+    if app is not None:
+        wait_for(lambda: app._open == 0, "the router's requests to end")
     text = HTTP.get(url + "/metrics").text
     total = 0.0
     for family in text_string_to_metric_families(text):
@@ -395,3 +405,13 @@ def test_a_prefill_answer_over_the_limit_is_a_502(sims: Sims, router: Callable[.
     assert r.status_code == 502 and "disagg.max_prefill_response" in r.json()["error"]["message"]
     assert sims.stats("d0")["requests"] == 0
     assert metric(url, "prefix_router_disagg_requests_total", outcome="prefill_failed") == 1
+
+
+def test_other_endpoints_are_served_in_one_phase(sims: Sims, router: Callable[..., Any]) -> None:
+    url, _ = router(settings(disagg_fleet(sims, 1, 1)))
+    r = HTTP.post(url + "/v1/embeddings", json={"model": "sim-model", "input": "hello there"})
+    assert r.status_code == 404  # the simulator serves no embeddings: one replica answered
+    assert r.headers["x-prefix-router-replica"] in ("p0", "d0")
+    assert metric(url, "prefix_router_disagg_requests_total") == 0
+    assert metric(url, "prefix_router_requests_total", branch="decode_load") == 0
+    assert metric(url, "prefix_router_requests_total") == 1
