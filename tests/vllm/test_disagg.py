@@ -102,7 +102,9 @@ def test_nixl_connector_two_phases(nixl_fleet: VllmFleet, openai_client: Any,
         assert _transfers(nixl_fleet, 1) == 2
         wait_for(lambda: app._open == 0, "the router's requests to end")  # outcome counted
         body, _ = app.metrics.render()
-        assert b'prefix_router_disagg_requests_total{outcome="ok"} 2.0' in body
+        outcomes = [line for line in body.decode().splitlines()
+                    if line.startswith("prefix_router_disagg_requests_total{")]
+        assert outcomes == ['prefix_router_disagg_requests_total{outcome="ok"} 2.0']
 
 
 def test_shared_storage_connector_two_phases(pd_fleet: tuple[VllmFleet, Path],
@@ -129,4 +131,6 @@ def test_shared_storage_connector_two_phases(pd_fleet: tuple[VllmFleet, Path],
         assert sum(1 for ch in chunks if ch.choices and ch.choices[0].delta.content) >= 1
         wait_for(lambda: app._open == 0, "the router's requests to end")  # outcome counted
         body, _ = app.metrics.render()
-        assert b'prefix_router_disagg_requests_total{outcome="no_kv_transfer"} 2.0' in body
+        outcomes = [line for line in body.decode().splitlines()
+                    if line.startswith("prefix_router_disagg_requests_total{")]
+        assert outcomes == ['prefix_router_disagg_requests_total{outcome="no_kv_transfer"} 2.0']
