@@ -21,7 +21,10 @@ so each setup starts cold; the setups run in turn, ``--rounds`` times interleave
 Reported per setup (the median over rounds when several): the hit rate of the prefill pool - the
 prefix-cache hit tokens over the query tokens of the instances that prefilled (the prefill half
 under +pd, all four colocated), from their own ``/metrics`` - and the client's TTFT and
-inter-token latency p50 / p99, errors. The section sits between ``<!-- disagg:begin -->`` and
+inter-token latency p50 / p99, the replicas' preemptions (``vllm:num_preemptions``: a
+preempted request recomputes its prompt, which stalls every stream on that replica), the router
+process tree's CPU time per request (from
+/proc, `loadtest.setups.cpu_seconds`), errors. The section sits between ``<!-- disagg:begin -->`` and
 ``<!-- disagg:end -->``; `loadtest.bench` keeps it when it rewrites the rest of the page.
 
 Bounded: every run is ``--requests`` requests with a hard deadline (``--max-time``).
@@ -43,7 +46,8 @@ from typing import Any
 from loadtest.doc_blocks import replace_block
 from loadtest.fleet import Fleet
 from loadtest.runner import Plan, run
-from loadtest.setups import launch, parse_setup, pd_halves
+from loadtest.setups import cpu_seconds, launch, parse_setup, pd_halves
+from loadtest.stats import counter_delta
 from loadtest.workloads import WorkloadSpec, generate
 
 __all__ = ["BLOCK", "KV_TRANSFER", "SETUPS", "main", "measure", "prefill_hit_rate", "render"]
@@ -95,7 +99,15 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     plan = Plan(target=launched.url, rate=args.rate, max_requests=args.requests,
                                 max_time=args.max_time, replica_urls=tuple(fleet.urls),
                                 progress_label=f"{setup.name} round {r + 1}")
-                    summary = run(plan, requests).summary()
+                    pid = launched.pid
+                    cpu0 = cpu_seconds(pid) if pid is not None else float("nan")
+                    result = run(plan, requests)
+                    cpu = cpu_seconds(pid) - cpu0 if pid is not None else float("nan")
+                summary = result.summary()
+                summary["preemptions"] = {
+                    n: counter_delta(result.before.get(n, {}), snap, "vllm:num_preemptions_total")
+                    for n, snap in result.after.items()}
+                summary["router_cpu_ms_per_request"] = cpu * 1000 / max(1, summary["sent"])
                 prefilled = [n for n, _ in (pd_halves(replicas)[0] if setup.pd else replicas)]
                 summary["prefill_pool"] = prefilled
                 summary["prefill_hit_rate"] = prefill_hit_rate(summary["per_replica"],
@@ -141,7 +153,8 @@ def render(data: Mapping[str, Any]) -> str:
              "(the prefill half, or all four colocated), from their `/metrics`. Measured "
              f"{data['date']} by `python -m loadtest.bench_disagg` on the shared 2-core machine.",
              "", "| setup | prefill-pool hit rate | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 "
-             "| ok / sent |", "|---|---|---|---|---|---|---|"]
+             "| preemptions | router CPU / request | ok / sent |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, rows in data["runs"].items():
         ok = sum(r["ok"] for r in rows)
         sent = sum(r["sent"] for r in rows)
@@ -149,11 +162,41 @@ def render(data: Mapping[str, Any]) -> str:
             f"| `{name}` | {_median(rows, 'prefill_hit_rate'):.3f} "
             f"| {_ms(_median(rows, 'ttft', 'p50'))} | {_ms(_median(rows, 'ttft', 'p99'))} "
             f"| {_ms(_median(rows, 'itl', 'p50'))} | {_ms(_median(rows, 'itl', 'p99'))} "
-            f"| {ok} / {sent} |")
+            f"| {statistics.median(sum(r['preemptions'].values()) for r in rows):g} "
+            f"| {_median(rows, 'router_cpu_ms_per_request'):.2f} ms | {ok} / {sent} |")
     for name, reason in data.get("skipped", {}).items():
-        lines.append(f"| `{name}` | not run: {reason} | | | | | |")
+        lines.append(f"| `{name}` | not run: {reason} | | | | | | | |")
+    lines += _targets(data["runs"])
     lines += ["", f"<!-- {BLOCK}:end -->", ""]
     return "\n".join(lines)
+
+
+# issue 36's targets: (label, value path, unit, True if higher is better)
+_TARGETS = (("prefill-pool hit rate", ("prefill_hit_rate",), "", True),
+            ("TTFT p99", ("ttft", "p99"), "ms", False),
+            ("inter-token latency p99", ("itl", "p99"), "ms", False))
+OURS, THEIRS = SETUPS[0], SETUPS[1]
+
+
+def _targets(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+    """Issue 36's targets, ours against vllm-router's, with every round's value (so a
+    difference smaller than the rounds' spread shows as such)."""
+    if OURS not in runs or THEIRS not in runs:
+        return []
+
+    def show(v: float, unit: str) -> str:
+        return f"{v * 1000:.1f} ms" if unit == "ms" else f"{v:.3f}"
+
+    out = ["", f"Targets: `{OURS}` against `{THEIRS}` (median, then each round):", "",
+           "| target | ours | vllm-router | met |", "|---|---|---|---|"]
+    for label, path, unit, higher in _TARGETS:
+        a, b = _median(runs[OURS], *path), _median(runs[THEIRS], *path)
+        met = a >= b if higher else a <= b
+        each_a = " / ".join(show(_median([r], *path), unit) for r in runs[OURS])
+        each_b = " / ".join(show(_median([r], *path), unit) for r in runs[THEIRS])
+        out.append(f"| {label} {'>=' if higher else '<='} | {show(a, unit)} ({each_a}) "
+                   f"| {show(b, unit)} ({each_b}) | {'yes' if met else 'no'} |")
+    return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

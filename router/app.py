@@ -57,7 +57,7 @@ from prefix_asgi import Receive, Scope, Send, send_bytes, send_json, serve_lifes
 from router.accesslog import CLIENT_CLOSED, AccessLog, AccessRecord
 from router.auth import ClientAuth, upstream_authorization
 from router.body import PROMPT_FIELDS, ClientGone, read_body, validate_body
-from router.disagg import TwoPhase
+from router.disagg import GENERATE_PATHS, TwoPhase
 from router.disagg_routing import Phases, split
 from router.discovery import Discovery, make_discovery
 from router.errors import (
@@ -392,7 +392,7 @@ class RouterApp:
                 raise NoReplicaAvailable("no healthy replica in the gateway's endpoint subset",
                                          retry_after=self._retry_after())
         # a pool with prefill and decode instances: two phases, routed over its prefill ones
-        phases = split(pool) if parsed is not None else None
+        phases = split(pool) if parsed is not None and path in GENERATE_PATHS else None
         if phases is not None:
             assert self.disagg is not None, "request before lifespan startup"
             self.disagg.check_decode(phases)

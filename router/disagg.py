@@ -60,13 +60,15 @@ from router.proxy import AttemptTrace, Forwarder
 from router.routing import Routed, Router
 from router.settings import Settings
 
-__all__ = ["Capture", "PREFILL_PARAMS", "PhaseTrace", "TwoPhase", "decode_body", "prefill_body"]
+__all__ = ["Capture", "GENERATE_PATHS", "PREFILL_PARAMS", "PhaseTrace", "TwoPhase", "decode_body", "prefill_body"]
 
 # what a prefill instance is asked for (vLLM's toy proxy sends exactly these)
 PREFILL_PARAMS: Mapping[str, Any] = {
     "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
     "remote_block_ids": None, "remote_host": None, "remote_port": None}
 _REQUEST_ID = b"x-request-id"
+# the endpoints served in two phases; any other (embeddings, models...) goes to one replica
+GENERATE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
 class PhaseTrace(AttemptTrace, Protocol):
@@ -205,7 +207,7 @@ class TwoPhase:
         self.metrics.disagg_phase_time("prefill", prefill_replica, prefill_s)
         s = self.settings.routing
         decision = pick_decode(phases.decode, routed.prompt_tokens, s.decode_tokens,
-                               self.router.mean_prefill, s.kv_high)
+                               self.router.mean_prefill, s.kv_high, self._rank(routed, phases))
         if decision is None:
             self.metrics.disagg("no_decode")
             raise NoReplicaAvailable("no decode instance available", retry_after=1)
@@ -221,6 +223,15 @@ class TwoPhase:
             self.metrics.disagg("decode_failed")
             raise
         self._decoded(record, prefill_s, params is not None)
+
+    def _rank(self, routed: Routed, phases: Phases) -> dict[str, int] | None:
+        """The decode members in the request key's ring order (None without a key)."""
+        key = routed.key.ring_key
+        if key is None:
+            return None
+        names = {r.name for r in phases.decode}
+        walk = (n for n in self.router.replicas.ring.walk(key) if n in names)
+        return {n: i for i, n in enumerate(walk)}
 
     def _decoded(self, record: AccessRecord, prefill_s: float, transferred: bool) -> None:
         if record.status == CLIENT_CLOSED:
@@ -246,7 +257,6 @@ class TwoPhase:
                 if (r := replicas.get(n)) is not None and (i == 0 or r.available)]
         plan = plan[:self.settings.proxy.max_attempts]
         limit = self.settings.disagg.max_prefill_response
-        answer: Capture | None = None
         for tried, name in enumerate(plan, 1):
             last = tried == len(plan)
             answer = Capture(limit)
@@ -273,5 +283,5 @@ class TwoPhase:
                 raise UpstreamError(f"prefill replica {name} answered more than "
                                     f"disagg.max_prefill_response ({limit} bytes)")
             return answer
-        return answer
+        raise NoReplicaAvailable("no prefill instance available", retry_after=1)
 

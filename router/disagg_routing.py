@@ -15,16 +15,19 @@ ones that matter. The decode phase is placed by `pick_decode`: least queued work
 weight over the available decode members, the pipeline's own measure (`router.pipeline.
 queued_work`: this router's unanswered prefill, ``decode_tokens`` per request running or
 waiting there - in flight at this router or scraped, whichever is larger - and the KV-pressure
-term above ``kv_high`` for a prompt of this size), ties by name; branch ``decode_load``. The
-decode instance has nothing of the prompt to reuse locally (its KV arrives from the prefill),
-so no cache score applies there.
+term above ``kv_high`` for a prompt of this size); instances within one request's decode work
+(``decode_tokens``) of the least are tied, and a tie goes to the first of them in the request
+key's ring order (then by name). So a prefix keeps its decode instance while loads are close,
+and that instance's own prefix cache spares part of the transfer (vLLM pulls only the blocks
+the decode instance lacks); load still decides as soon as it differs by more than a request.
+Branch ``decode_load``.
 
 Cost: `split` O(members); `pick_decode` O(decode members).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from router.models import Pool
 from router.pipeline import queued_work
@@ -57,18 +60,19 @@ def split(pool: Pool) -> Phases | None:
 
 
 def pick_decode(members: Sequence[ReplicaState], prompt_tokens: int, decode_tokens: float,
-                mean_prefill: float, kv_high: float) -> Decision | None:
+                mean_prefill: float, kv_high: float,
+                rank: Mapping[str, int] | None = None) -> Decision | None:
     """The decode instance for a request of ``prompt_tokens`` (None: none available). Its only
-    candidate is itself: a decode phase is never retried elsewhere."""
-    best: ReplicaState | None = None
-    best_key: tuple[float, str] | None = None
-    for r in members:
-        if not r.available:
-            continue
-        key = (queued_work(r, prompt_tokens, decode_tokens, mean_prefill, kv_high) / r.weight,
-               r.name)
-        if best_key is None or key < best_key:
-            best, best_key = r, key
-    if best is None:
+    candidate is itself: a decode phase is never retried elsewhere. Instances whose work is
+    within one request's decode (``decode_tokens``) of the least count as tied; ties go to the
+    lowest ``rank`` (the request key's ring order), then the name."""
+    work: list[tuple[float, ReplicaState]] = [
+        (queued_work(r, prompt_tokens, decode_tokens, mean_prefill, kv_high) / r.weight, r)
+        for r in members if r.available]
+    if not work:
         return None
+    least = min(w for w, _ in work)
+    order = rank or {}
+    tied = [r for w, r in work if w <= least + decode_tokens]
+    best = min(tied, key=lambda r: (order.get(r.name, len(order)), r.name))
     return Decision(best.name, Branch.DECODE_LOAD, (best.name,))

@@ -81,6 +81,8 @@ ATTRIBUTES: dict[str, str] = {
     "prefix_router.retries": "S: attempts that were retried",
     "prefix_router.retry_reasons": "S: the reason of each retry, in order",
     "prefix_router.attempt": "C: this attempt's number, from 1",
+    "prefix_router.phase": "C: a disaggregated request's phase: prefill or decode",
+    "prefix_router.prefill_ms": "S: a disaggregated request: ms its prefill phase took",
     "prefix_router.ttft_ms": "S C: ms from dispatch to the replica's first body byte",
     "prefix_router.cached_tokens.predicted":
         "S: policy cache_aware: cached tokens the prefix index expected on the replica that served",
@@ -246,11 +248,11 @@ class RequestTrace:
         self._gone = True
 
     def phase(self, name: str, seconds: float | None = None) -> None:
-        """A disaggregated request (`router.disagg`) enters phase ``name``: the attempts that
-        follow carry ``prefix_router.phase``; ``seconds``, when given, is the time the previous
-        phase took, set on the request span as ``prefix_router.<previous phase>_ms``."""
-        if seconds is not None and self._phase is not None:
-            self.span.set_attribute(f"prefix_router.{self._phase}_ms", round(seconds * 1000, 3))
+        """A disaggregated request (`router.disagg`) enters phase ``name`` (prefill, decode):
+        the attempts that follow carry ``prefix_router.phase``; entering decode, ``seconds`` is
+        what the prefill phase took (``prefix_router.prefill_ms`` on the request span)."""
+        if seconds is not None and self._phase == "prefill":
+            self.span.set_attribute("prefix_router.prefill_ms", round(seconds * 1000, 3))
         self._phase = name
 
     # what the proxy reports --------------------------------------------------------------------

@@ -14,7 +14,8 @@ import json
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-__all__ = ["PUBLISHERS", "KvEventsConfig", "is_bind_endpoint", "parse_kv_events_config",
+__all__ = ["PUBLISHERS", "KvEventsConfig", "flag_object", "is_bind_endpoint",
+           "parse_kv_events_config",
            "split_tcp", "with_port"]
 
 PUBLISHERS = ("null", "zmq")
@@ -67,19 +68,25 @@ def _positive(value: Any) -> bool:
 _KEYS = frozenset(f.name for f in fields(KvEventsConfig))
 
 
-def parse_kv_events_config(text: str) -> KvEventsConfig:
-    """The config in a ``--kv-events-config`` JSON object; ValueError naming what is wrong."""
+def flag_object(flag: str, text: str, keys: frozenset[str]) -> dict[str, Any]:
+    """The JSON object a vLLM config flag (``--kv-events-config``, ``--kv-transfer-config``)
+    carries, checked to name only ``keys``; ValueError naming the flag and what is wrong."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"--kv-events-config: not JSON: {exc}") from None
+        raise ValueError(f"{flag}: not JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise ValueError("--kv-events-config: expected a JSON object")
-    unknown = sorted(set(data) - _KEYS)
+        raise ValueError(f"{flag}: expected a JSON object")
+    unknown = sorted(set(data) - keys)
     if unknown:
-        raise ValueError(f"--kv-events-config: unknown key(s) {', '.join(unknown)} "
-                         f"(known: {', '.join(sorted(_KEYS))})")
-    return KvEventsConfig(**data)
+        raise ValueError(f"{flag}: unknown key(s) {', '.join(unknown)} "
+                         f"(known: {', '.join(sorted(keys))})")
+    return data
+
+
+def parse_kv_events_config(text: str) -> KvEventsConfig:
+    """The config in a ``--kv-events-config`` JSON object; ValueError naming what is wrong."""
+    return KvEventsConfig(**flag_object("--kv-events-config", text, _KEYS))
 
 
 def is_bind_endpoint(endpoint: str) -> bool:

@@ -21,9 +21,10 @@ Protocol (field names exactly as vLLM 0.32.0's NixlConnector, nixl/pull_schedule
 * a *decode* request carries those params (``do_remote_prefill: true``). The instance reads the
   blocks from ``remote_host:remote_port`` - here the prefill's own HTTP listener stands in for
   NIXL's side channel: ``POST /kv_transfer/read`` (`Ledger.read`) - checks that they are this
-  prompt's blocks, waits ``blocks x --kv-transfer-us-per-block`` (the transfer; asynchronous, as
-  NIXL's load runs between engine steps), and its engine then counts those tokens as computed:
-  it prefills only what is left (at least one token, as for a local hit).
+  prompt's blocks, waits ``--kv-transfer-us-per-block`` per block its own prefix cache lacks
+  (vLLM pulls only those; asynchronously, as NIXL loads between engine steps), and its engine
+  then counts those tokens as computed: it prefills only what is left (at least one token, as
+  for a local hit).
 * missing fields, an unreachable or other engine at that address, a request id it does not hold
   (already read, expired, never held) or blocks of another prompt are an error response
   (`TransferError`; vLLM's default ``kv_load_failure_policy`` is ``fail`` too) - never a silent
@@ -34,12 +35,13 @@ Cost: O(blocks) per transfer; the ledger is a dict pruned of expired entries on 
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from .kv_config import flag_object
 
 __all__ = ["CONNECTORS", "Held", "KvTransferConfig", "Ledger", "READ_PATH", "ROLES",
            "TransferError", "parse_kv_transfer_config", "remote_of"]
@@ -110,17 +112,7 @@ _KEYS = frozenset(f.name for f in fields(KvTransferConfig))
 
 def parse_kv_transfer_config(text: str) -> KvTransferConfig:
     """The config in a ``--kv-transfer-config`` JSON object; ValueError naming what is wrong."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--kv-transfer-config: not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError("--kv-transfer-config: expected a JSON object")
-    unknown = sorted(set(data) - _KEYS)
-    if unknown:
-        raise ValueError(f"--kv-transfer-config: unknown key(s) {', '.join(unknown)} "
-                         f"(known: {', '.join(sorted(_KEYS))})")
-    return KvTransferConfig(**data)
+    return KvTransferConfig(**flag_object("--kv-transfer-config", text, _KEYS))
 
 
 @dataclass(frozen=True)

@@ -406,7 +406,7 @@ class Replica:
     async def _pull(self, params: dict[str, Any], hashes: Sequence[int], prompt_len: int) -> int:
         """Read a remote prefill's KV for this prompt (`kv_transfer` protocol); the prompt
         tokens it computed. TransferError when the read fails or the blocks are another
-        prompt's. Waits the transfer cost of the blocks read."""
+        prompt's. Waits the transfer cost of the blocks this replica's cache lacks."""
         import aiohttp  # only decode instances read
 
         host, port, read = remote_of(params)
@@ -429,7 +429,10 @@ class Replica:
         if not isinstance(got, list) or type(tokens) is not int or \
                 list(hashes[:len(got)]) != got or tokens > prompt_len:
             raise TransferError("the transferred blocks are not this prompt's", 409)
-        blocks = len(read["block_ids"])
+        # vLLM pulls only what its own prefix cache lacks (NixlConnector's
+        # get_num_new_matched_tokens: prompt tokens minus the locally computed ones)
+        local = self.engine.cache.cached_prefix_tokens(hashes, prompt_len) // self.config.block_size
+        blocks = max(0, len(read["block_ids"]) - local)
         cfg = self.config
         if blocks and cfg.kv_transfer_us_per_block and not cfg.instant:
             await asyncio.sleep(blocks * cfg.kv_transfer_us_per_block / 1e6 * self.faults.spec.slow

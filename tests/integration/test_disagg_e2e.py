@@ -100,6 +100,7 @@ def router() -> Iterator[Callable[..., tuple[str, RouterApp]]]:
         app = create_app(s, discovery=discovery)
         srv = ThreadedServer(app).start()
         started.append(srv)
+        APPS[srv.url] = app
         return srv.url, app
 
     yield start
@@ -121,7 +122,16 @@ def disagg_fleet(sims: Sims, prefill: int = 2, decode: int = 2,
     return out
 
 
+APPS: dict[str, RouterApp] = {}  # router URL -> its app (for `metric`)
+
+
 def metric(url: str, name: str, **labels: str) -> float:
+    """A metric of the router at ``url``, summed over the label sets matching ``labels``, read
+    once the router has no request open: the client can have the last byte before the router
+    counted the outcome."""
+    app = APPS.get(url)
+    if app is not None:
+        wait_for(lambda: app._open == 0, "the router's requests to end")
     text = HTTP.get(url + "/metrics").text
     total = 0.0
     for family in text_string_to_metric_families(text):
@@ -348,3 +358,60 @@ def test_time_to_first_byte_is_both_phases(sims: Sims, router: Callable[..., Any
     decode = metric(url, "prefix_router_disagg_phase_seconds_sum", phase="transfer_first_token")
     assert first == pytest.approx(prefill + decode)
     assert 0 < prefill < first
+
+
+def test_traces_tag_each_phase(sims: Sims, router: Callable[..., Any],
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
+    pytest.importorskip("opentelemetry.proto", reason="opentelemetry-proto is not installed")
+    from tests.otlp import OtlpReceiver
+
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    with OtlpReceiver() as rx:
+        url, _ = router(settings(disagg_fleet(sims, 1, 1),
+                                 tracing={"enabled": True, "endpoint": rx.endpoint}))
+        r = HTTP.post(url + "/v1/chat/completions", json={"model": "sim-model",
+                                                          "messages": messages()})
+        assert r.status_code == 200
+        spans = rx.wait_for(lambda got: sum(s.kind == "CLIENT" for s in got) == 2
+                            and any(s.kind == "SERVER" for s in got), "the request's spans")
+    attempts = sorted((s for s in spans if s.kind == "CLIENT"),
+                      key=lambda s: s.attributes["prefix_router.attempt"])
+    assert [(s.attributes["prefix_router.phase"], s.attributes["prefix_router.replica"])
+            for s in attempts] == [("prefill", "p0"), ("decode", "d0")]
+    server = next(s for s in spans if s.kind == "SERVER")
+    assert server.attributes["prefix_router.prefill_ms"] > 0
+    assert server.attributes["prefix_router.replica"] == "d0"
+
+
+def test_a_slow_prefill_phase_times_out(sims: Sims, router: Callable[..., Any]) -> None:
+    fleet = disagg_fleet(sims, 1, 1, p0={"speed": 1.0, "fault_slow": 60.0})
+    url, _ = router(settings(fleet, disagg={"prefill_timeout": 0.3}))
+    r = HTTP.post(url + "/v1/chat/completions", json={"model": "sim-model",
+                                                      "messages": messages()})
+    assert r.status_code == 504
+    assert r.json()["error"]["code"] == "upstream_timeout"
+    assert "disagg.prefill_timeout" in r.json()["error"]["message"]
+    wait_for(lambda: sims.stats("p0")["aborts"] == 1, "the prefill instance to abort")
+    assert sims.stats("d0")["requests"] == 0
+    assert metric(url, "prefix_router_disagg_requests_total", outcome="timeout") == 1
+
+
+def test_a_prefill_answer_over_the_limit_is_a_502(sims: Sims, router: Callable[..., Any]) -> None:
+    url, _ = router(settings(disagg_fleet(sims, 1, 1),
+                             disagg={"max_prefill_response": 200}))
+    r = HTTP.post(url + "/v1/chat/completions", json={"model": "sim-model",
+                                                      "messages": messages()})
+    assert r.status_code == 502 and "disagg.max_prefill_response" in r.json()["error"]["message"]
+    assert sims.stats("d0")["requests"] == 0
+    assert metric(url, "prefix_router_disagg_requests_total", outcome="prefill_failed") == 1
+
+
+def test_other_endpoints_are_served_in_one_phase(sims: Sims, router: Callable[..., Any]) -> None:
+    url, _ = router(settings(disagg_fleet(sims, 1, 1)))
+    r = HTTP.post(url + "/v1/embeddings", json={"model": "sim-model", "input": "hello there"})
+    assert r.status_code == 404  # the simulator serves no embeddings: one replica answered
+    assert r.headers["x-prefix-router-replica"] in ("p0", "d0")
+    assert metric(url, "prefix_router_disagg_requests_total") == 0
+    assert metric(url, "prefix_router_requests_total", branch="decode_load") == 0
+    assert metric(url, "prefix_router_requests_total") == 1

@@ -47,7 +47,8 @@ def test_prefill_hit_rate_counts_only_the_instances_that_prefilled() -> None:
 
 def test_render_is_one_block_with_a_row_per_setup() -> None:
     row = {"prefill_hit_rate": 0.8, "ttft": {"p50": 0.02, "p99": 0.5},
-           "itl": {"p50": 0.01, "p99": 0.03}, "ok": 10, "sent": 10}
+           "itl": {"p50": 0.01, "p99": 0.03}, "ok": 10, "sent": 10,
+           "router_cpu_ms_per_request": 1.5, "preemptions": {"sim-2": 2.0, "sim-3": 1.0}}
     data = {"workload": {"name": "shared-prefix", "requests": 10, "rate": 2.0, "prompts": 4,
                          "min_prompt_tokens": 100, "max_prompt_tokens": 200, "max_tokens": 8,
                          "seed": 0},
@@ -57,6 +58,27 @@ def test_render_is_one_block_with_a_row_per_setup() -> None:
             "skipped": {"vllm-cache_aware+pd": "vllm-router is not installed"}}
     text = render(data)
     assert list(blocks(text)) == [BLOCK]
-    assert "| `router-cache_aware+pd` | 0.700 | 20 ms | 500 ms | 10 ms | 30 ms | 20 / 20 |" in text
+    assert ("| `router-cache_aware+pd` | 0.700 | 20 ms | 500 ms | 10 ms | 30 ms | 3 | 1.50 ms "
+            "| 20 / 20 |") in text
     assert "| `vllm-cache_aware+pd` | not run: vllm-router is not installed |" in text
+    assert "Targets" not in text  # nothing to compare with
+
+
+def test_targets_compare_with_vllm_router_round_by_round() -> None:
+    def row(hit: float, ttft: float, itl: float) -> dict:
+        return {"prefill_hit_rate": hit, "ttft": {"p50": 0.0, "p99": ttft},
+                "itl": {"p50": 0.0, "p99": itl}, "ok": 1, "sent": 1,
+                "router_cpu_ms_per_request": 1.0, "preemptions": {}}
+
+    data = {"workload": {"name": "shared-prefix", "requests": 1, "rate": 1.0, "prompts": 1,
+                         "min_prompt_tokens": 1, "max_prompt_tokens": 2, "max_tokens": 1,
+                         "seed": 0},
+            "fleet": {"speed": 1.0, "kv_blocks": 64, "kv_transfer_config": "{}"},
+            "rounds": 2, "date": "2026-12-06", "skipped": {},
+            "runs": {"router-cache_aware+pd": [row(0.9, 0.4, 0.020), row(0.9, 0.5, 0.024)],
+                     "vllm-cache_aware+pd": [row(0.8, 0.6, 0.021), row(0.8, 0.6, 0.021)]}}
+    text = render(data)
+    assert "| prefill-pool hit rate >= | 0.900 (0.900 / 0.900) | 0.800 (0.800 / 0.800) | yes |" in text
+    assert "| TTFT p99 <= | 450.0 ms (400.0 ms / 500.0 ms) | 600.0 ms (600.0 ms / 600.0 ms) | yes |" in text
+    assert "| inter-token latency p99 <= | 22.0 ms (20.0 ms / 24.0 ms) | 21.0 ms (21.0 ms / 21.0 ms) | no |" in text
 

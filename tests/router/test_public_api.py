@@ -25,7 +25,7 @@ MODULES = sorted(m.name for m in pkgutil.walk_packages(router.__path__, "router.
 PINNED: dict[str, list[str]] = {
     "router.accesslog": ["AccessLog", "AccessRecord", "CLIENT_CLOSED", "PIPE_BUF", "encode"],
     "router.app": ["RouterApp", "app_factory", "create_app", "start_tracing"],
-    "router.disagg": ["Capture", "PREFILL_PARAMS", "PhaseTrace", "TwoPhase", "decode_body",
+    "router.disagg": ["Capture", "GENERATE_PATHS", "PREFILL_PARAMS", "PhaseTrace", "TwoPhase", "decode_body",
                       "prefill_body"],
     "router.disagg_routing": ["Phases", "pick_decode", "split"],
     "router.auth": ["ClientAuth", "bearer_token", "upstream_authorization"],

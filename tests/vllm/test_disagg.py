@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from loadtest.vllm_fleet import VllmEnv, VllmFleet
-from tests.conftest import ThreadedServer
+from tests.conftest import ThreadedServer, wait_for
 
 from ._prompts import chat
 from .conftest import MODEL, router_settings
@@ -100,8 +100,11 @@ def test_nixl_connector_two_phases(nixl_fleet: VllmFleet, openai_client: Any,
         assert usage is not None and usage.completion_tokens == 4
         assert usage.prompt_tokens_details.cached_tokens > 0
         assert _transfers(nixl_fleet, 1) == 2
+        wait_for(lambda: app._open == 0, "the router's requests to end")  # outcome counted
         body, _ = app.metrics.render()
-        assert b'prefix_router_disagg_requests_total{outcome="ok"} 2.0' in body
+        outcomes = [line for line in body.decode().splitlines()
+                    if line.startswith("prefix_router_disagg_requests_total{")]
+        assert outcomes == ['prefix_router_disagg_requests_total{outcome="ok"} 2.0']
 
 
 def test_shared_storage_connector_two_phases(pd_fleet: tuple[VllmFleet, Path],
@@ -126,5 +129,8 @@ def test_shared_storage_connector_two_phases(pd_fleet: tuple[VllmFleet, Path],
             assert resp.headers["x-prefix-router-replica"] == "vllm1"
             chunks = list(resp.parse())
         assert sum(1 for ch in chunks if ch.choices and ch.choices[0].delta.content) >= 1
+        wait_for(lambda: app._open == 0, "the router's requests to end")  # outcome counted
         body, _ = app.metrics.render()
-        assert b'prefix_router_disagg_requests_total{outcome="no_kv_transfer"} 2.0' in body
+        outcomes = [line for line in body.decode().splitlines()
+                    if line.startswith("prefix_router_disagg_requests_total{")]
+        assert outcomes == ['prefix_router_disagg_requests_total{outcome="no_kv_transfer"} 2.0']
