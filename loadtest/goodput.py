@@ -239,12 +239,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_all(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
+    """Every (workload, replicas) cell; with ``--out`` the JSON is rewritten after each cell,
+    so an interrupted run keeps the cells it finished."""
     out = []
     for workload in args.workload or ["multi-turn"]:
         for replicas in args.replicas or [4]:
             out.append(measure(workload, replicas, args.setup or list(DEFAULT_SETUPS),
                                args.slo, args.start_rate, args.growth, args.steps,
                                workdir / f"{workload}-{replicas}", args.seed, args.duration))
+            if args.out:
+                Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     return out
 
 
