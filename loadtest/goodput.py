@@ -38,7 +38,7 @@ from typing import Any
 from loadtest.workloads import Request
 
 __all__ = ["BLOCK", "DEFAULT_SETUPS", "Step", "add_arguments", "at_rate", "goodput", "main",
-           "measure", "passes", "render", "search", "step_rates", "window"]
+           "measure", "passes", "render", "search", "step_rates", "tighter", "window"]
 
 BLOCK = "goodput"
 DEFAULT_SETUPS = ("router-cache_aware", "sglang-cache_aware", "smg-cache_aware",
@@ -172,13 +172,25 @@ def measure(workload: str, replicas: int, setups: Sequence[str], slo: float, sta
     return out
 
 
+def _per_replica(rate: float | None, replicas: int) -> str:
+    return "none" if rate is None else f"{rate / replicas:.2f}"
+
+
 def _finite(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
 
 
 # -- rendering -------------------------------------------------------------------------------------
-def render(results: Sequence[dict[str, Any]], command: str) -> str:
-    """The ``goodput`` block of docs/benchmarks.md: one table row per cell and setup."""
+def tighter(steps: Sequence[dict[str, Any]], slo: float) -> float | None:
+    """`goodput` at an SLO no looser than the run's, from the run's steps (JSON): every step
+    up to the first one that fails the tighter SLO was run, since it passed the run's."""
+    return goodput([Step(**s) for s in steps], slo)
+
+
+def render(results: Sequence[dict[str, Any]], command: str,
+           extra_slos: Sequence[float] = ()) -> str:
+    """The ``goodput`` block of docs/benchmarks.md: one table row per cell and setup; a column
+    per SLO of ``extra_slos`` tighter than a cell's (`tighter`, from the same steps)."""
     lines = [f"<!-- {BLOCK}:begin -->", "## Goodput at a TTFT SLO", "",
              "The highest open-loop request rate at which a setup's TTFT p99 stays within the SLO "
              "with no failed request, per replica (`loadtest.goodput`: the same requests and "
@@ -189,6 +201,7 @@ def render(results: Sequence[dict[str, Any]], command: str) -> str:
         m = res.get("machine") or {}
         n = res["replicas"]
         rates = ", ".join(f"{r / n:.2f}" for r in res["rates"])
+        extra = [x for x in extra_slos if x < res["slo"]]
         lines += [f"### {res['workload']['name']}, {res['replicas']} replicas, SLO "
                   f"{res['slo']:g} s", "",
                   f"{res['duration']:g} s of traffic per step, seed {res['seed']}, rates "
@@ -196,7 +209,8 @@ def render(results: Sequence[dict[str, Any]], command: str) -> str:
                   f"commit {m.get('commit', '?')}, {m.get('date', '')}, {m.get('nproc', '?')} "
                   "CPUs.", "",
                   "| setup | goodput (req/s per replica) | TTFT p99 ms at each rate | hit rate at "
-                  "the goodput |", "| --- | ---: | --- | ---: |"]
+                  "the goodput |" + "".join(f" at SLO {x:g} s |" for x in extra)
+                  + "", "| --- | ---: | --- | ---: |" + " ---: |" * len(extra)]
         for name, s in res["setups"].items():
             steps = s["steps"]
             best = s["goodput_per_replica"]
@@ -207,7 +221,8 @@ def render(results: Sequence[dict[str, Any]], command: str) -> str:
             at = next((st for st in steps if s["goodput"] is not None
                        and st["rate"] == s["goodput"]), None)
             hit = f"{at['hit_rate']:.1%}" if at and at.get("hit_rate") is not None else "-"
-            lines.append(f"| {name} | {shown} | {p99s} | {hit} |")
+            cols = "".join(f" {_per_replica(tighter(steps, x), n)} |" for x in extra)
+            lines.append(f"| {name} | {shown} | {p99s} | {hit} |{cols}")
         for name, why in res.get("failed", {}).items():
             lines.append(f"| {name} | not run: {why} | | |")
         lines.append("")
@@ -239,12 +254,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_all(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
+    """Every (workload, replicas) cell; with ``--out`` the JSON is rewritten after each cell,
+    so an interrupted run keeps the cells it finished."""
     out = []
     for workload in args.workload or ["multi-turn"]:
         for replicas in args.replicas or [4]:
             out.append(measure(workload, replicas, args.setup or list(DEFAULT_SETUPS),
                                args.slo, args.start_rate, args.growth, args.steps,
                                workdir / f"{workload}-{replicas}", args.seed, args.duration))
+            if args.out:
+                Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     return out
 
 

@@ -68,7 +68,8 @@ __all__ = ["DEFAULT_SETUPS", "OverheadConfig", "add_arguments", "closed_loop", "
 
 T = TypeVar("T")
 
-DEFAULT_SETUPS = ("direct", "passthrough", "router-prefix", "nginx", "sglang-cache_aware")
+DEFAULT_SETUPS = ("direct", "passthrough", "router-prefix", "nginx", "sglang-cache_aware",
+                  "smg-cache_aware", "vllm-cache_aware")
 
 
 @dataclass(frozen=True)

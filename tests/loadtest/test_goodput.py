@@ -20,6 +20,7 @@ from loadtest.goodput import (
     render,
     search,
     step_rates,
+    tighter,
     window,
 )
 from loadtest.plots import goodput_plot
@@ -70,6 +71,20 @@ def test_search_stops_at_the_first_failure(p99s: list[float], ran: int,
     steps = search(run_step, list(reversed(rates)), slo=1.0)  # run in rising order anyway
     assert calls == rates[:ran] and len(steps) == ran
     assert goodput(steps, slo=1.0) == best
+
+
+def test_a_tighter_slo_from_the_same_steps() -> None:
+    # a run at SLO 1 s ran every step up to its first failure; any tighter SLO fails no later
+    steps = [{"rate": 10.0, "ttft_p99": 0.3, "errors": 0, "requests": 50},
+             {"rate": 20.0, "ttft_p99": 0.6, "errors": 0, "requests": 50},
+             {"rate": 30.0, "ttft_p99": 1.4, "errors": 0, "requests": 50}]
+    assert [tighter(steps, x) for x in (1.0, 0.5, 0.2)] == [20.0, 10.0, None]
+    res = {"workload": {"name": "w"}, "replicas": 2, "slo": 1.0, "rates": [10.0, 20.0, 30.0],
+           "duration": 5.0, "seed": 0, "machine": {}, "failed": {},
+           "setups": {"a": {"goodput": 20.0, "goodput_per_replica": 10.0, "ceiling": False,
+                            "steps": steps}}}
+    md = render([res], "cmd", extra_slos=(0.5, 2.0))  # 2.0 is looser than the run's: left out
+    assert "| a | 10.00 | 300, 600, 1400 | - | 5.00 |" in md and "SLO 2 s" not in md
 
 
 def test_goodput_ignores_a_pass_after_a_failure() -> None:
