@@ -83,8 +83,14 @@ def test_spans_continue_the_client_trace_and_carry_the_decision(
     kw: dict[str, Any] = {"extra_headers": {"traceparent": header, "tracestate": "vendor=1"}}
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "where is it"}]
     if stream:
-        text = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
-            model="fake-model", messages=msgs, stream=True, **kw) if ch.choices)
+        # read the body to its end (the openai client closes right after `data: [DONE]`, which
+        # can reach the router before it has sent the last chunk: that is a disconnect there)
+        with c.chat.completions.with_streaming_response.create(
+                model="fake-model", messages=msgs, stream=True, **kw) as resp:
+            lines = list(resp.iter_lines())
+        events = [json.loads(ln[6:]) for ln in lines if ln.startswith("data: {")]
+        text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events
+                       if e.get("choices"))
     else:
         text = c.chat.completions.create(model="fake-model", messages=msgs,
                                          **kw).choices[0].message.content or ""
