@@ -155,11 +155,14 @@ def _value_like(before: str, value: str, after: str) -> bool:
         value[:1].isupper() and len(value.split()) <= 3)
 
 
-def _seq(model: str, text: str) -> tuple[array[int], list[int]]:
-    """The text's pieces, after one for the model (templates never span models)."""
+def _seq(model: str, text: str) -> tuple[array[int], array[int], list[int]]:
+    """The text's pieces after one for the model (templates never span models), the same
+    reversed behind the model piece (the reversed tree's key), and the pieces' offsets."""
     hashes, starts = pieces(text)
     hashes.insert(0, hash("\x00model:" + model))
-    return hashes, starts
+    rev = array("q", hashes[:1])
+    rev.extend(reversed(hashes[1:]))
+    return hashes, rev, starts
 
 
 class TemplateIndex:
@@ -185,7 +188,7 @@ class TemplateIndex:
         self.rtree = PrefixTree()
         self._ends: OrderedDict[int, object] = OrderedDict()
         self._tpl_end: dict[str, object] = {}  # where each template's reference path ends
-        self._ref_pieces: OrderedDict[str, tuple[array[int], list[int]]] = OrderedDict()
+        self._ref_pieces: OrderedDict[str, tuple[array[int], array[int], list[int]]] = OrderedDict()
 
     @staticmethod
     def _remember(lru: OrderedDict[int, str], key: int, tid: str) -> None:
@@ -210,7 +213,7 @@ class TemplateIndex:
         masked = "\n".join(lines)
         mkey = _h(model + "\x00" + masked)
         tid = self._masked.get(mkey)
-        seq: tuple[array[int], list[int]] | None = None
+        seq: tuple[array[int], array[int], list[int]] | None = None
         if tid is None:
             seq = _seq(model, text)
             tid = self._reconverging(model, text, seq) or self._similar(model, text, lines)
@@ -311,31 +314,29 @@ class TemplateIndex:
         end = self._tpl_end.get(tid)
         if end is not None:
             PrefixTree.bump(end)  # type: ignore[arg-type]
-            self._ends[exact_key] = end
-            if len(self._ends) > MAX_KEYS:
-                self._ends.popitem(last=False)
+            self._end_at(exact_key, end)
+
+    def _end_at(self, exact_key: int, end: object) -> None:
+        """Remember where ``exact_key``'s path ends (LRU-bounded like the exact map)."""
+        self._ends[exact_key] = end
+        if len(self._ends) > MAX_KEYS:
+            self._ends.popitem(last=False)
 
     def _grow(self, model: str, text: str, exact_key: int, tid: str,
-              seq: tuple[array[int], list[int]] | None) -> None:
+              seq: tuple[array[int], array[int], list[int]] | None) -> None:
         """Insert a static part seen for the first time (a template's reference, or a part
         found by re-convergence) into both trees."""
-        hashes = (seq or _seq(model, text))[0]
+        hashes, rev, _ = seq or _seq(model, text)
         end = self.tree.insert(hashes, tid)
-        rev = array("q", hashes[:1])
-        rev.extend(reversed(hashes[1:]))
         self.rtree.insert(rev, tid)
         if end is not None:
-            self._ends[exact_key] = end
-            if len(self._ends) > MAX_KEYS:
-                self._ends.popitem(last=False)
+            self._end_at(exact_key, end)
 
-    def _reconverging(self, model: str, text: str, seq: tuple[array[int], list[int]]
+    def _reconverging(self, model: str, text: str, seq: tuple[array[int], array[int], list[int]]
                       ) -> str | None:
         """The first candidate template whose reference differs from ``text`` only in volatile
         gaps (module docstring, step 3)."""
-        hashes, starts = seq
-        rev = array("q", hashes[:1])
-        rev.extend(reversed(hashes[1:]))
+        hashes, rev, starts = seq
         candidates: list[str] = []
         for tree, key in ((self.tree, hashes), (self.rtree, rev)):
             depth, tid, _ = tree.deepest(key)
@@ -354,7 +355,7 @@ class TemplateIndex:
                     self._ref_pieces.popitem(last=False)
             else:
                 self._ref_pieces.move_to_end(tid)
-            rh, rs = cached
+            rh, _, rs = cached
             al = align(rh, hashes, max_gaps=RAW_GAPS)
             if same_template(al, len(rh), len(hashes), ref, text, [0, *rs], [0, *starts]):
                 return tid

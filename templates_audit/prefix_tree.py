@@ -30,7 +30,7 @@ continuations that never re-converge (or re-converge only on a closing line much
 what differs), so they stay two templates.
 
 Cost: :func:`pieces` is one regex pass; tree walks compare piece-hash slices (C speed) edge by
-edge, O(depth); :func:`align` is O(gaps * (MAX_GAP + ANCHOR)) dictionary operations. It runs
+edge, O(depth); :func:`align` is O(gap length) dictionary operations per gap (scanning outwards from the divergence). It runs
 only for static parts not seen before and not equal to a known template once detector values
 are masked.
 """
@@ -158,19 +158,10 @@ class PrefixTree:
         return i, node.tid, node.count
 
     def count(self, seq: array[int]) -> int:
-        """Requests counted through the point where ``seq`` ends (0: not a path of the tree)."""
-        node = self.root
-        i, n = 0, len(seq)
-        while i < n:
-            child = node.children.get(seq[i])
-            if child is None:
-                return 0
-            k = _common(child.edge, seq, i)
-            if i + k < n and k < len(child.edge):
-                return 0
-            i += k
-            node = child
-        return node.count
+        """Requests counted through the point where ``seq`` ends (0: not a path of the tree;
+        a point inside an edge has the count of the node the edge leads to)."""
+        matched, _, count = self.deepest(seq)
+        return count if matched == len(seq) else 0
 
 
 def _common(edge: array[int], seq: array[int], i: int) -> int:
